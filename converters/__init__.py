@@ -1,0 +1,1 @@
+"""Converters from a SavedModel to TFLite and ONNX (installed as pe_export.converters)."""

@@ -1,0 +1,87 @@
+"""SavedModel → .onnx bytes with tf2onnx (plus our handlers), validated and optionally quantized."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ConversionError, missing_extra
+from pe_export.inspection.onnx_file import import_onnx, unknown_ops
+from pe_export.native import capture_native_output
+from pe_export.savedmodel import LoadedSavedModel, signature_function
+from pe_export.specs import TensorSpec
+
+
+def _import_tf2onnx() -> Any:
+    try:
+        import tf2onnx
+
+        from pe_export.converters import tf2onnx_handlers  # noqa: F401  (registers handlers)
+    except ImportError as err:
+        raise missing_extra("tf2onnx", "convert") from err
+    return tf2onnx
+
+
+def convert_onnx(
+    loaded: LoadedSavedModel, specs: list[TensorSpec], options: ExportOptions, *, quiet: bool = True
+) -> tuple[bytes, str]:
+    """Convert one signature at the given input specs. Returns (serialized model, captured log)."""
+    tf2onnx = _import_tf2onnx()
+    function = signature_function(loaded.signature(options.signature), specs)
+    with capture_native_output(quiet) as log:
+        try:
+            model, _ = tf2onnx.convert.from_function(
+                function, input_signature=function.input_signature, opset=options.opset
+            )
+        except Exception as err:  # tf2onnx raises many types; all mean the same to the user
+            failure: Exception | None = err
+        else:
+            failure = None
+    if failure is not None:
+        first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        raise ConversionError(f"tf2onnx failed: {first}") from failure
+    check_onnx_model(model, "tf2onnx output")
+    if options.quantize == "float16":
+        model = _to_float16(model)
+    elif options.quantize == "dynamic-int8":
+        model = _dynamic_int8(model)
+    if options.quantize != "none":
+        check_onnx_model(model, f"{options.quantize} model")
+    return model.SerializeToString(), log.text
+
+
+def check_onnx_model(model: Any, what: str) -> None:
+    """onnx.checker with full shape inference; names the offending nodes when it fails."""
+    onnx = import_onnx()
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as err:
+        bad = unknown_ops(model)
+        nodes = [n.name for n in model.graph.node if n.op_type in bad][:5]
+        where = f"; ops not in ONNX: {', '.join(bad)} (nodes {', '.join(nodes)})" if bad else ""
+        first = str(err).strip().splitlines()[0]
+        raise ConversionError(f"{what} fails onnx.checker: {first}{where}") from err
+
+
+def _to_float16(model: Any) -> Any:
+    try:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    except ImportError as err:
+        raise missing_extra("onnxruntime", "convert") from err
+    # Inputs and outputs stay float32 so the same feeds and references apply.
+    return convert_float_to_float16(model, keep_io_types=True)
+
+
+def _dynamic_int8(model: Any) -> Any:
+    onnx = import_onnx()
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as err:
+        raise missing_extra("onnxruntime", "convert") from err
+    with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
+        source, target = Path(work) / "float.onnx", Path(work) / "int8.onnx"
+        onnx.save(model, str(source))
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        return onnx.load(str(target))

@@ -1,0 +1,62 @@
+"""Export options shared by both converters, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pe_export.constants import (
+    DEFAULT_ONNX_OPSET,
+    MAX_BATCH,
+    MAX_SEQ_LEN,
+    MIN_ONNX_OPSET,
+    ONNX_QUANTIZE_MODES,
+    TFLITE_QUANTIZE_MODES,
+)
+from pe_export.errors import BadInputError
+from pe_export.specs import TensorSpec
+
+BATCH_AXIS, SEQUENCE_AXIS = 0, 1
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    signature: str | None = None
+    seq_len: int | None = None  # fix the sequence axis to this length
+    dynamic_seq: bool = False  # make the sequence axis dynamic
+    batch: int | None = None  # fix the batch axis; None keeps the SavedModel's
+    quantize: str = "none"
+    builtins_only: bool = False  # TFLite: refuse select TF (Flex) ops
+    opset: int = DEFAULT_ONNX_OPSET  # ONNX only
+    verify: bool = True
+    overwrite: bool = False
+
+    def validate(self, target: str) -> None:
+        modes = TFLITE_QUANTIZE_MODES if target == "tflite" else ONNX_QUANTIZE_MODES
+        if self.quantize not in modes:
+            raise BadInputError(
+                f"--quantize {self.quantize!r} is not available for {target}; expected one of: {', '.join(modes)}"
+            )
+        if self.seq_len is not None and self.dynamic_seq:
+            raise BadInputError("--seq-len and --dynamic-seq contradict each other; give one of them")
+        _check_range("--seq-len", self.seq_len, MAX_SEQ_LEN)
+        _check_range("--batch", self.batch, MAX_BATCH)
+        if target == "onnx" and not MIN_ONNX_OPSET <= self.opset <= 23:
+            raise BadInputError(f"--opset {self.opset} is out of range; expected {MIN_ONNX_OPSET}..23")
+
+    def export_specs(self, specs: list[TensorSpec]) -> list[TensorSpec]:
+        """The SavedModel's input specs with the requested batch and sequence axes applied."""
+        result = []
+        for spec in specs:
+            if self.batch is not None:
+                spec = spec.with_axis(BATCH_AXIS, self.batch)
+            if self.seq_len is not None:
+                spec = spec.with_axis(SEQUENCE_AXIS, self.seq_len)
+            elif self.dynamic_seq:
+                spec = spec.with_axis(SEQUENCE_AXIS, None)
+            result.append(spec)
+        return result
+
+
+def _check_range(flag: str, value: int | None, maximum: int) -> None:
+    if value is not None and not 1 <= value <= maximum:
+        raise BadInputError(f"{flag} {value} is out of range; expected an integer from 1 to {maximum}")

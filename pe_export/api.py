@@ -1,0 +1,200 @@
+"""The library API: every CLI command is one call here."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pe_export.constants import CALIBRATION_SAMPLES, PRECISION_OF_QUANTIZE, VERIFY_BATCH, VERIFY_SEED, VERIFY_SEQ_LEN
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.fileio import atomic_write_bytes, check_output_path
+from pe_export.inputs import generate_inputs
+from pe_export.inspection.summary import ModelSummary
+from pe_export.parity.check import ParityResult, compare_runners
+from pe_export.parity.tolerances import tolerance_for
+from pe_export.runners import create_runner, runners_for_file
+from pe_export.specs import TensorSpec, concrete_shape
+
+# Which module each file runner needs, to pick the first installed one for the post-export check.
+_RUNNER_MODULES = {
+    "litert": "ai_edge_litert",
+    "tflite-runtime": "tflite_runtime",
+    "tflite-tf": "tensorflow",
+    "onnxruntime": "onnxruntime",
+}
+
+
+@dataclass
+class ExportReport:
+    target: str  # "tflite" or "onnx"
+    source: Path
+    output: Path
+    signature: str
+    input_specs: list[TensorSpec]
+    options: ExportOptions
+    summary: ModelSummary
+    parity: ParityResult | None = None
+    unverified_reason: str | None = None
+    converter_log: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.parity is not None and not self.parity.passed:
+            return ExitCode.PARITY_FAILED
+        if self.options.verify and self.parity is None:
+            return ExitCode.RUNTIME_UNAVAILABLE
+        return ExitCode.OK
+
+    def raise_for_status(self) -> None:
+        """Raise the error that the exit code stands for; return quietly when it is OK."""
+        if self.exit_code == ExitCode.PARITY_FAILED:
+            assert self.parity is not None
+            case, worst = self.parity.failures()[0]
+            raise ParityError(
+                f"{self.output} was written but does not match the TensorFlow float32 reference: output "
+                f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, cosine {worst.cosine:.6f} "
+                f"(tolerance atol {self.parity.tolerance.atol:g}, rtol {self.parity.tolerance.rtol:g}, "
+                f"cosine ≥ {self.parity.tolerance.min_cosine:g})"
+            )
+        if self.exit_code == ExitCode.RUNTIME_UNAVAILABLE:
+            raise RuntimeUnavailableError(
+                f"{self.output} was written but not verified: {self.unverified_reason}; pass --no-verify to "
+                "accept it unverified, or run `pe-export parity` where a suitable runtime is installed"
+            )
+
+
+def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
+    from pe_export.converters.tflite import convert_tflite
+    from pe_export.inspection.tflite_file import summarize_tflite_bytes
+
+    job = _prepare("tflite", Path(saved_model), Path(output), options)
+
+    def calibration() -> Iterator[dict[str, np.ndarray]]:
+        for seed in range(CALIBRATION_SAMPLES):
+            yield _feed(job.specs, job.bounds, batch=1, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
+
+    data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet)
+    summary = summarize_tflite_bytes(data, Path(output))
+    return _finish(job, data, summary, log)
+
+
+def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
+    from pe_export.converters.onnx import convert_onnx
+    from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
+
+    job = _prepare("onnx", Path(saved_model), Path(output), options)
+    data, log = convert_onnx(job.loaded, job.specs, options, quiet=quiet)
+    summary = summarize_onnx_model(import_onnx().load_from_string(data), Path(output), len(data))
+    return _finish(job, data, summary, log)
+
+
+def inspect_path(path: Path, signature: str | None = None) -> ModelSummary:
+    """Summarize a .tflite, .onnx or SavedModel directory. Files need no TensorFlow."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInputError(f"{path} does not exist; expected a .tflite file, a .onnx file or a SavedModel dir")
+    if path.is_dir():
+        from pe_export.inspection.savedmodel_info import summarize_savedmodel
+
+        return summarize_savedmodel(path, signature)
+    suffix = path.suffix.lower()
+    if suffix == ".tflite":
+        from pe_export.inspection.tflite_file import summarize_tflite
+
+        return summarize_tflite(path)
+    if suffix == ".onnx":
+        from pe_export.inspection.onnx_file import summarize_onnx
+
+        return summarize_onnx(path)
+    raise BadInputError(f"{path} is neither .tflite nor .onnx nor a directory; expected one of those")
+
+
+@dataclass
+class _Job:
+    target: str
+    source: Path
+    output: Path
+    options: ExportOptions
+    loaded: object
+    signature: str
+    specs: list[TensorSpec]
+    bounds: dict[str, int]
+
+
+def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
+    from pe_export.savedmodel import (
+        check_savedmodel_dir,
+        frozen_graph_def,
+        integer_input_bounds,
+        load_savedmodel,
+        signature_input_specs,
+        wrap_signature,
+    )
+
+    options.validate(target)
+    check_savedmodel_dir(saved_model)
+    check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")
+    loaded = load_savedmodel(saved_model)
+    signature = loaded.signature(options.signature)
+    specs = options.export_specs(signature_input_specs(signature))
+    bounds: dict[str, int] = {}
+    if any(spec.is_integer for spec in specs):
+        graph = frozen_graph_def(wrap_signature(signature, specs))
+        bounds = integer_input_bounds(graph, [spec.name for spec in specs])
+    return _Job(target, saved_model, output, options, loaded, loaded.resolve_signature_name(options.signature),
+                specs, bounds)
+
+
+def _feed(specs: list[TensorSpec], bounds: dict[str, int], *, batch: int, seed: int,
+          padded: bool) -> dict[str, np.ndarray]:
+    return generate_inputs(specs, bounds, batch=batch, seq_len=VERIFY_SEQ_LEN, seed=seed, padded=padded)
+
+
+def verification_feeds(specs: list[TensorSpec], bounds: dict[str, int]) -> dict[str, dict[str, np.ndarray]]:
+    """Two cases: full-length rows, and rows padded at several lengths."""
+    batch = concrete_shape(specs[0], VERIFY_BATCH, VERIFY_SEQ_LEN)[0] if specs and specs[0].shape else VERIFY_BATCH
+    return {
+        "random": _feed(specs, bounds, batch=batch, seed=VERIFY_SEED, padded=False),
+        "padded": _feed(specs, bounds, batch=batch, seed=VERIFY_SEED, padded=True),
+    }
+
+
+def installed_runner_for(path: Path) -> str | None:
+    for name in runners_for_file(path):
+        if importlib.util.find_spec(_RUNNER_MODULES.get(name, name)) is not None:
+            return name
+    return None
+
+
+def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportReport:
+    atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
+    report = ExportReport(job.target, job.source, job.output, job.signature, job.specs, job.options, summary,
+                          converter_log=log)
+    if not job.options.verify:
+        return report
+    runnable = [v for v in summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
+    runner_name = installed_runner_for(job.output)
+    if not runnable:
+        report.unverified_reason = f"no pip runtime runs it ({summary.runs_on[0].why})"
+        return report
+    if runner_name is None:
+        report.unverified_reason = f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
+        return report
+    report.parity = verify_export(job, runner_name)
+    return report
+
+
+def verify_export(job: _Job, runner_name: str) -> ParityResult:
+    from pe_export.runners.savedmodel import SavedModelRunner
+
+    precision = PRECISION_OF_QUANTIZE[job.options.quantize]
+    feeds = verification_feeds(job.specs, job.bounds)
+    reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)  # type: ignore[arg-type]
+    with reference, create_runner(runner_name, job.output) as candidate:
+        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision))

@@ -1,0 +1,151 @@
+"""The `pe-export` command: each command parses options, makes one library call, prints the result."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pe_export import __version__
+from pe_export.constants import DEFAULT_ONNX_OPSET, ONNX_QUANTIZE_MODES, TFLITE_QUANTIZE_MODES
+from pe_export.errors import EXIT_CODE_MEANINGS, ExitCode, PeExportError
+
+EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
+VERBOSE_FLAGS = ("--verbose", "-v")
+
+
+@click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pe-export")
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and the converters' own logs.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Export Transformer encoders (TF SavedModel) to TFLite and ONNX, and prove parity."""
+    ctx.obj = {"verbose": verbose}
+
+
+def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Options shared by `tflite` and `onnx`."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        options = [
+            click.argument("saved_model", type=click.Path(path_type=Path)),
+            click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="File to write."),
+            click.option("--signature", default=None, help="SavedModel signature (default: serving_default)."),
+            click.option("--seq-len", type=int, default=None, help="Fix the sequence axis to this length."),
+            click.option("--dynamic-seq", is_flag=True, help="Make the sequence axis dynamic."),
+            click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
+            click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
+            click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
+            click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
+        ]
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def _export_options(**values: Any) -> Any:
+    from pe_export.converters.options import ExportOptions
+
+    return ExportOptions(
+        signature=values["signature"],
+        seq_len=values["seq_len"],
+        dynamic_seq=values["dynamic_seq"],
+        batch=values["batch"],
+        quantize=values["quantize"],
+        builtins_only=values.get("builtins_only", False),
+        opset=values.get("opset", DEFAULT_ONNX_OPSET),
+        verify=not values["no_verify"],
+        overwrite=values["overwrite"],
+    )
+
+
+def _print_export(report: Any, verbose: bool) -> int:
+    from pe_export.report import format_parity, format_summary
+
+    if verbose and report.converter_log.strip():
+        click.echo(report.converter_log.rstrip(), err=True)
+    lines = [f"pe-export {report.target}: {report.source} → {report.output}"]
+    lines += format_summary(report.summary)
+    if report.parity is not None:
+        lines += format_parity(report.parity)
+    click.echo("\n".join(lines))
+    report.raise_for_status()
+    verdict = "verified" if report.parity is not None else "not verified (--no-verify)"
+    click.echo(f"OK: wrote {report.output} ({report.summary.file_bytes:,} B), {verdict}")
+    return ExitCode.OK
+
+
+@cli.command()
+@export_options(TFLITE_QUANTIZE_MODES)
+@click.option("--builtins-only", is_flag=True, help="Refuse models that need select TF (Flex) ops.")
+@click.pass_context
+def tflite(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> int:
+    """Export SAVED_MODEL to a .tflite file (builtins + select TF ops unless --builtins-only)."""
+    from pe_export.api import export_tflite
+
+    verbose = ctx.obj["verbose"]
+    report = export_tflite(saved_model, output, _export_options(**values), quiet=not verbose)
+    return _print_export(report, verbose)
+
+
+@cli.command()
+@export_options(ONNX_QUANTIZE_MODES)
+@click.option("--opset", type=int, default=DEFAULT_ONNX_OPSET, show_default=True, help="ONNX opset.")
+@click.pass_context
+def onnx(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> int:
+    """Export SAVED_MODEL to a .onnx file that passes onnx.checker and loads in onnxruntime."""
+    from pe_export.api import export_onnx
+
+    verbose = ctx.obj["verbose"]
+    report = export_onnx(saved_model, output, _export_options(**values), quiet=not verbose)
+    return _print_export(report, verbose)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--signature", default=None, help="SavedModel signature whose graph to inventory.")
+def inspect(path: Path, signature: str | None) -> int:
+    """Show signatures, ops, Flex ops, largest constants and runtimes of a .tflite, .onnx or SavedModel."""
+    from pe_export.api import inspect_path
+    from pe_export.report import format_summary
+
+    click.echo("\n".join(format_summary(inspect_path(path, signature))))
+    return ExitCode.OK
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(flag in args for flag in VERBOSE_FLAGS)
+    try:
+        code = cli.main(args=args, prog_name="pe-export", standalone_mode=False)
+    except PeExportError as err:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"error: {err}", err=True)
+        code = err.exit_code
+    except click.exceptions.UsageError as err:
+        command = err.ctx.command_path if err.ctx else "pe-export"
+        click.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
+        code = ExitCode.BAD_INPUT
+    except click.exceptions.Abort:
+        click.echo("error: interrupted", err=True)
+        code = 130
+    except click.exceptions.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        code = ExitCode.BAD_INPUT
+    except Exception as err:  # a bug: one line, traceback with --verbose
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"error: unexpected {type(err).__name__}: {err} (a bug; rerun with --verbose)", err=True)
+        code = ExitCode.INTERNAL_ERROR
+    sys.exit(int(code) if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

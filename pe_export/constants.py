@@ -1,0 +1,28 @@
+"""Defaults shared by the library API and the CLI, so the two cannot drift."""
+
+from __future__ import annotations
+
+DEFAULT_SIGNATURE = "serving_default"
+DEFAULT_ONNX_OPSET = 17
+MIN_ONNX_OPSET = 13  # tf2onnx and onnxruntime's quantizer both need 13+
+
+TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
+ONNX_QUANTIZE_MODES = ("none", "float16", "dynamic-int8")
+
+# Precision that each quantize mode is judged at by the parity tolerances.
+PRECISION_OF_QUANTIZE = {
+    "none": "fp32",
+    "float16": "fp16",
+    "dynamic-int8": "int8",
+    "int8": "int8",
+}
+
+# Inputs generated for the post-export check when the model's own shapes are dynamic.
+VERIFY_BATCH = 2
+VERIFY_SEQ_LEN = 16
+VERIFY_SEED = 0
+# Samples fed to the TFLite converter for full-integer calibration.
+CALIBRATION_SAMPLES = 32
+
+MAX_SEQ_LEN = 1 << 20  # a sequence-length option beyond this is a typo, not a model
+MAX_BATCH = 1 << 16

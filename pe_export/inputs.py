@@ -1,0 +1,59 @@
+"""Representative inputs for an encoder, generated from its input specs (numpy only).
+
+Token ids stay inside the vocabulary read from the model's embedding, masks carry real
+padding, segment ids stay inside their table, float features are standard normal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pe_export.specs import TensorSpec, concrete_shape
+
+MASK_WORDS = ("mask",)
+# Upper bound used when the model does not reveal an integer input's range.
+FALLBACK_INDEX_BOUND = 2
+
+
+def is_mask_input(spec: TensorSpec) -> bool:
+    return any(word in spec.name.lower() for word in MASK_WORDS)
+
+
+def padded_lengths(batch: int, seq_len: int) -> np.ndarray:
+    """Valid lengths per row: the first row is full, the rest are padded at several lengths."""
+    if batch == 1:
+        return np.array([seq_len])
+    fractions = np.linspace(1.0, 0.25, batch)
+    return np.maximum(1, np.round(fractions * seq_len)).astype(np.int64)
+
+
+def generate_inputs(
+    specs: list[TensorSpec],
+    index_bounds: dict[str, int],
+    *,
+    batch: int,
+    seq_len: int,
+    seed: int,
+    padded: bool,
+) -> dict[str, np.ndarray]:
+    """One feed dict. With ``padded`` each row after the first ends in padding (id 0, mask 0)."""
+    rng = np.random.default_rng(seed)
+    feed: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = concrete_shape(spec, batch, seq_len)
+        dtype = np.dtype(spec.dtype)
+        if spec.is_integer or dtype == np.bool_:
+            if is_mask_input(spec):
+                array = np.ones(shape, dtype=np.int64)
+            else:
+                high = max(1, index_bounds.get(spec.name, FALLBACK_INDEX_BOUND))
+                # Id 0 is the padding id in most vocabularies: keep it for padding.
+                low = 1 if high > 2 else 0
+                array = rng.integers(low, high, size=shape, dtype=np.int64)
+        else:
+            array = rng.standard_normal(shape)
+        if padded and len(shape) >= 2:
+            for row, length in enumerate(padded_lengths(shape[0], shape[1])):
+                array[row, length:] = 0
+        feed[spec.name] = array.astype(dtype)
+    return feed

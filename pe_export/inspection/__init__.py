@@ -1,0 +1,1 @@
+"""Reading exported files without running them: .tflite and .onnx need no TensorFlow."""

@@ -1,0 +1,106 @@
+"""Read a .onnx file: inputs, outputs, op inventory, initializers, validity (no TensorFlow)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pe_export.errors import BadInputError, missing_extra
+from pe_export.inspection.runtimes import onnx_verdicts
+from pe_export.inspection.summary import ConstantInfo, ModelSummary, SignatureInfo
+from pe_export.specs import TensorSpec
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+def import_onnx() -> Any:
+    try:
+        import onnx
+    except ImportError as err:
+        raise missing_extra("onnx", "device") from err
+    return onnx
+
+
+def load_onnx(path: Path) -> Any:
+    onnx = import_onnx()
+    try:
+        return onnx.load(str(path))
+    except Exception as err:  # protobuf's DecodeError and friends
+        raise BadInputError(
+            f"{path} is not a readable ONNX model ({type(err).__name__}); expected an ONNX protobuf file"
+        ) from err
+
+
+def _value_spec(value: Any, onnx: Any) -> TensorSpec:
+    tensor_type = value.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "unknown"
+    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+    return TensorSpec(value.name, dtype, shape)
+
+
+def unknown_ops(model: Any) -> list[str]:
+    """Nodes whose op has no schema in the ONNX standard at the model's opset."""
+    onnx = import_onnx()
+    opsets = {entry.domain: entry.version for entry in model.opset_import}
+    bad = set()
+    for node in _all_nodes(model.graph):
+        if node.domain not in STANDARD_DOMAINS:
+            continue
+        try:
+            onnx.defs.get_schema(node.op_type, opsets.get(node.domain, opsets.get("", 1)), node.domain)
+        except Exception:  # onnx raises SchemaError, which it does not export uniformly
+            bad.add(node.op_type)
+    return sorted(bad)
+
+
+def _all_nodes(graph: Any) -> list[Any]:
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            if attribute.g.node:
+                nodes.extend(_all_nodes(attribute.g))
+    return nodes
+
+
+def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummary:
+    onnx = import_onnx()
+    from onnx import numpy_helper
+
+    graph = model.graph
+    initializer_names = {init.name for init in graph.initializer}
+    inputs = [_value_spec(v, onnx) for v in graph.input if v.name not in initializer_names]
+    outputs = [_value_spec(v, onnx) for v in graph.output]
+    nodes = _all_nodes(graph)
+    op_counts = Counter(node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}.{node.op_type}"
+                        for node in nodes)
+    constants = []
+    for init in graph.initializer:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name
+        constants.append(ConstantInfo(init.name, dtype, tuple(init.dims), numpy_helper.to_array(init).nbytes))
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    array = numpy_helper.to_array(attribute.t)
+                    constants.append(ConstantInfo(node.output[0], array.dtype.name, array.shape, array.nbytes))
+    bad = unknown_ops(model)
+    domains = sorted({n.domain for n in nodes if n.domain not in STANDARD_DOMAINS})
+    opsets = ", ".join(f"{e.domain or 'ai.onnx'}:{e.version}" for e in model.opset_import)
+    return ModelSummary(
+        path=path,
+        format="onnx",
+        file_bytes=file_bytes,
+        signatures=[SignatureInfo(graph.name or "main", inputs, outputs)],
+        op_counts=op_counts,
+        constants=constants,
+        custom_ops=bad,
+        runs_on=onnx_verdicts(bad, domains),
+        details={"opset": opsets, "producer": f"{model.producer_name} {model.producer_version}".strip()},
+    )
+
+
+def summarize_onnx(path: Path) -> ModelSummary:
+    path = Path(path)
+    return summarize_onnx_model(load_onnx(path), path, path.stat().st_size)

@@ -1,0 +1,117 @@
+"""Read a .tflite flatbuffer: signatures, op inventory, Flex ops and constants (no TensorFlow)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from pe_export.errors import BadInputError
+from pe_export.inspection.flatbuffer import CorruptFileError, Table, root_table
+from pe_export.inspection.runtimes import tflite_verdicts
+from pe_export.inspection.summary import ConstantInfo, ModelSummary, SignatureInfo
+from pe_export.inspection.tflite_schema import BUILTIN_OPERATORS, TENSOR_TYPES
+from pe_export.specs import TensorSpec
+
+FILE_IDENTIFIER = b"TFL3"
+CUSTOM_OPCODE = 32
+FLEX_PREFIX = "Flex"
+_ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint8": 1, "int64": 8, "bool": 1, "int16": 2,
+             "int8": 1, "float64": 8, "uint64": 8, "uint32": 4, "uint16": 2, "bfloat16": 2}
+
+# Field indices from the TFLite schema (schema.fbs).
+MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_BUFFERS, MODEL_SIGNATURE_DEFS = 1, 2, 4, 7
+OPCODE_DEPRECATED_BUILTIN, OPCODE_CUSTOM, OPCODE_BUILTIN = 0, 1, 3
+SUBGRAPH_TENSORS, SUBGRAPH_OPERATORS = 0, 3
+TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_SHAPE_SIGNATURE = 0, 1, 2, 3, 7
+OPERATOR_OPCODE_INDEX = 0
+BUFFER_DATA, BUFFER_SIZE = 0, 2
+SIGNATURE_INPUTS, SIGNATURE_OUTPUTS, SIGNATURE_KEY, SIGNATURE_SUBGRAPH = 0, 1, 2, 4
+TENSORMAP_NAME, TENSORMAP_INDEX = 0, 1
+
+
+def op_names(model: Table) -> list[str]:
+    """Name of each operator code: builtin name, or the custom code (Flex ops start with 'Flex')."""
+    names = []
+    for code in model.tables(MODEL_OPERATOR_CODES):
+        builtin = max(int(code.scalar(OPCODE_DEPRECATED_BUILTIN, "b")), int(code.scalar(OPCODE_BUILTIN, "i")))
+        if builtin == CUSTOM_OPCODE:
+            names.append(code.string(OPCODE_CUSTOM) or "CUSTOM")
+        else:
+            names.append(BUILTIN_OPERATORS.get(builtin, f"BUILTIN_{builtin}"))
+    return names
+
+
+def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
+    shape = tensor.scalars(TENSOR_SHAPE_SIGNATURE, "i") or tensor.scalars(TENSOR_SHAPE, "i")
+    dtype = TENSOR_TYPES.get(int(tensor.scalar(TENSOR_TYPE, "b")), "unknown")
+    return TensorSpec(name, dtype, tuple(None if d < 0 else int(d) for d in shape))
+
+
+def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
+    if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
+        raise BadInputError(
+            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a .tflite flatbuffer from the TFLite converter"
+        )
+    try:
+        model = root_table(data)
+        names = op_names(model)
+        subgraphs = model.tables(MODEL_SUBGRAPHS)
+        buffer_sizes = [
+            buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q"))
+            for buffer in model.tables(MODEL_BUFFERS)
+        ]
+        op_counts: Counter[str] = Counter()
+        constants: list[ConstantInfo] = []
+        all_tensors: list[list[Table]] = []
+        for subgraph in subgraphs:
+            tensors = subgraph.tables(SUBGRAPH_TENSORS)
+            all_tensors.append(tensors)
+            for operator in subgraph.tables(SUBGRAPH_OPERATORS):
+                index = int(operator.scalar(OPERATOR_OPCODE_INDEX, "I"))
+                op_counts[names[index] if index < len(names) else f"OPCODE_{index}"] += 1
+            for tensor in tensors:
+                buffer = int(tensor.scalar(TENSOR_BUFFER, "I"))
+                if 0 < buffer < len(buffer_sizes) and buffer_sizes[buffer] > 0:
+                    spec = _tensor_spec(tensor, tensor.string(TENSOR_NAME))
+                    constants.append(ConstantInfo(
+                        spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer]
+                    ))
+        signatures = []
+        for signature in model.tables(MODEL_SIGNATURE_DEFS):
+            subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
+            if subgraph_index >= len(all_tensors):
+                raise CorruptFileError(f"signature names subgraph {subgraph_index} of {len(all_tensors)}")
+            tensors = all_tensors[subgraph_index]
+            io = []
+            for field in (SIGNATURE_INPUTS, SIGNATURE_OUTPUTS):
+                specs = []
+                for entry in signature.tables(field):
+                    index = int(entry.scalar(TENSORMAP_INDEX, "I"))
+                    if index >= len(tensors):
+                        raise CorruptFileError(f"signature names tensor {index} of {len(tensors)}")
+                    specs.append(_tensor_spec(tensors[index], entry.string(TENSORMAP_NAME)))
+                io.append(specs)
+            signatures.append(SignatureInfo(signature.string(SIGNATURE_KEY), io[0], io[1]))
+    except CorruptFileError as err:
+        raise BadInputError(
+            f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it"
+        ) from err
+    flex = sorted(name for name in op_counts if name.startswith(FLEX_PREFIX))
+    custom = sorted(name for name in op_counts if name not in flex and (
+        name == "CUSTOM" or name not in BUILTIN_OPERATORS.values()))
+    return ModelSummary(
+        path=path,
+        format="tflite",
+        file_bytes=len(data),
+        signatures=signatures,
+        op_counts=op_counts,
+        constants=constants,
+        flex_ops=flex,
+        custom_ops=custom,
+        runs_on=tflite_verdicts(flex, custom),
+        details={"subgraphs": str(len(subgraphs))},
+    )
+
+
+def summarize_tflite(path: Path) -> ModelSummary:
+    return summarize_tflite_bytes(Path(path).read_bytes(), Path(path))

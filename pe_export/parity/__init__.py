@@ -1,0 +1,1 @@
+"""Comparing an exported file's outputs with the float32 reference."""

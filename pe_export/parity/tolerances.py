@@ -1,0 +1,44 @@
+"""Default tolerances per precision: the one place they are set.
+
+An output passes when every element satisfies |actual - expected| <= atol + rtol * |expected|
+(numpy.allclose) and the cosine similarity of the flattened output is at least min_cosine.
+Values come from measurements recorded in README ("Parity tolerances").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pe_export.errors import BadInputError
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    min_cosine: float
+
+    def override(self, atol: float | None = None, rtol: float | None = None) -> Tolerance:
+        return replace(
+            self, atol=self.atol if atol is None else atol, rtol=self.rtol if rtol is None else rtol
+        )
+
+
+FP32_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)
+FP16_TOLERANCE = Tolerance(atol=5e-2, rtol=5e-2, min_cosine=0.999)
+# int8 is judged mainly by direction: element errors are on the order of the quantization scale.
+INT8_TOLERANCE = Tolerance(atol=0.5, rtol=0.1, min_cosine=0.99)
+
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "fp32": FP32_TOLERANCE,
+    "fp16": FP16_TOLERANCE,
+    "int8": INT8_TOLERANCE,
+}
+
+
+def tolerance_for(precision: str) -> Tolerance:
+    if precision not in DEFAULT_TOLERANCES:
+        raise BadInputError(
+            f"unknown precision {precision!r}; expected one of: {', '.join(DEFAULT_TOLERANCES)}"
+        )
+    return DEFAULT_TOLERANCES[precision]

@@ -1,0 +1,10 @@
+"""One runner per runtime, all behind the same activate / infer / deactivate interface.
+
+Importing this package registers every runner; each imports its backend lazily on
+``activate`` so that a missing optional runtime only matters when it is asked for.
+"""
+
+from pe_export.runners import litert, onnxrt  # noqa: F401  (registration)
+from pe_export.runners.base import Runner, create_runner, runner_names, runners_for_file
+
+__all__ = ["Runner", "create_runner", "runner_names", "runners_for_file"]

@@ -1,0 +1,101 @@
+"""The runner interface and its registry."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pe_export.errors import BadInputError
+from pe_export.specs import TensorSpec
+
+_REGISTRY: dict[str, type[Runner]] = {}
+
+
+class Runner(ABC):
+    """Runs one model file in one runtime.
+
+    ``activate`` loads the model, ``infer`` maps input names to arrays and returns output
+    names to arrays, ``deactivate`` frees the runtime. Use it as a context manager.
+    """
+
+    name: ClassVar[str]
+    file_suffixes: ClassVar[tuple[str, ...]]
+
+    def __init__(self, model_path: Path, *, threads: int | None = None, **options: Any) -> None:
+        self.model_path = Path(model_path)
+        self.threads = threads
+        self.options = options
+
+    @abstractmethod
+    def activate(self) -> None: ...
+
+    @abstractmethod
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    @abstractmethod
+    def input_specs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def output_names(self) -> list[str]: ...
+
+    def deactivate(self) -> None:
+        """Drop the runtime's session; subclasses free more where they hold more."""
+
+    def describe(self) -> str:
+        return self.name
+
+    def __enter__(self) -> Runner:
+        self.activate()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.deactivate()
+
+
+def register_runner(name: str, suffixes: tuple[str, ...]) -> Callable[[type[Runner]], type[Runner]]:
+    """Class decorator: make a runner available under ``name`` for files with ``suffixes``."""
+
+    def decorate(cls: type[Runner]) -> type[Runner]:
+        if name in _REGISTRY:
+            raise ValueError(f"runner {name!r} is registered twice")
+        cls.name = name
+        cls.file_suffixes = suffixes
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def runner_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def runners_for_file(path: Path) -> list[str]:
+    """Runner names that accept this file, in registration (preference) order."""
+    suffix = Path(path).suffix.lower()
+    return [name for name, cls in _REGISTRY.items() if suffix in cls.file_suffixes]
+
+
+def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
+    if name not in _REGISTRY:
+        raise BadInputError(
+            f"unknown runtime {name!r}; expected one of: {', '.join(runner_names())}"
+        )
+    cls = _REGISTRY[name]
+    suffix = Path(model_path).suffix.lower()
+    if suffix not in cls.file_suffixes:
+        raise BadInputError(
+            f"runtime {name!r} runs {'/'.join(cls.file_suffixes)} files, not {Path(model_path).name!r}; "
+            f"for this file use one of: {', '.join(runners_for_file(model_path)) or 'none'}"
+        )
+    return cls(model_path, **options)

@@ -1,0 +1,115 @@
+"""TFLite runners: ai-edge-litert, tflite-runtime (fallback), and TensorFlow's own interpreter."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra
+from pe_export.native import capture_native_output
+from pe_export.runners.base import Runner, register_runner
+from pe_export.specs import TensorSpec
+
+FLEX_MESSAGE_MARKER = "Select TensorFlow op"
+
+
+class _TFLiteRunner(Runner):
+    """Shared logic; subclasses name the module that provides ``Interpreter``."""
+
+    module: str = ""
+    package: str = ""
+    extra: str = ""
+
+    def __init__(self, *args: Any, signature: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.signature = signature
+        self._interpreter: Any = None
+        self._signature_runner: Any = None
+        self._signature_key: str | None = None
+
+    def _interpreter_class(self) -> Any:
+        try:
+            return importlib.import_module(self.module).Interpreter
+        except ImportError as err:
+            raise missing_extra(self.package, self.extra) from err
+
+    def activate(self) -> None:
+        interpreter_class = self._interpreter_class()
+        try:
+            # The interpreter announces its XNNPACK delegate on fd 2; keep reports clean.
+            with capture_native_output():
+                self._interpreter = interpreter_class(model_path=str(self.model_path), num_threads=self.threads)
+            signatures = self._interpreter.get_signature_list()
+        except ValueError as err:
+            raise self._load_error(err) from err
+        if not signatures:
+            raise BadInputError(
+                f"{self.model_path.name} has no signature; expected a TFLite file with a signature def "
+                "(export it with pe-export or TFLiteConverter.from_saved_model)"
+            )
+        key = self.signature or next(iter(signatures))
+        if key not in signatures:
+            raise BadInputError(
+                f"signature {key!r} is not in {self.model_path.name}; it has: {', '.join(signatures)}"
+            )
+        self._signature_key = key
+        self._signature_runner = self._interpreter.get_signature_runner(key)
+
+    def _load_error(self, err: Exception) -> Exception:
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if FLEX_MESSAGE_MARKER in str(err):
+            return RuntimeUnavailableError(
+                f"{self.name} cannot run {self.model_path.name}: it contains select TF (Flex) ops; "
+                "run it with a Flex-linked TFLite build (see `pe-export inspect`)"
+            )
+        return BadInputError(f"{self.name} could not load {self.model_path.name}: {text}")
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._signature_runner is None:
+            raise RuntimeError("activate() the runner before infer()")
+        try:
+            outputs = self._signature_runner(**feed)
+        except ValueError as err:
+            message = str(err).strip().splitlines()[0]
+            if FLEX_MESSAGE_MARKER in str(err):
+                raise self._load_error(err) from err
+            raise BadInputError(f"{self.name} rejected the inputs: {message}") from err
+        return {name: np.array(value) for name, value in outputs.items()}
+
+    def input_specs(self) -> list[TensorSpec]:
+        specs = []
+        for name, detail in self._signature_runner.get_input_details().items():
+            signature = detail.get("shape_signature", detail["shape"])
+            shape = tuple(None if int(d) < 0 else int(d) for d in signature)
+            specs.append(TensorSpec(name, np.dtype(detail["dtype"]).name, shape))
+        return specs
+
+    def output_names(self) -> list[str]:
+        return list(self._signature_runner.get_output_details())
+
+    def deactivate(self) -> None:
+        self._signature_runner = None
+        self._interpreter = None
+
+
+@register_runner("litert", (".tflite",))
+class LiteRTRunner(_TFLiteRunner):
+    module = "ai_edge_litert.interpreter"
+    package = "ai-edge-litert"
+    extra = "device"
+
+
+@register_runner("tflite-runtime", (".tflite",))
+class TFLiteRuntimeRunner(_TFLiteRunner):
+    module = "tflite_runtime.interpreter"
+    package = "tflite-runtime"
+    extra = "tflite-runtime"
+
+
+@register_runner("tflite-tf", (".tflite",))
+class TensorFlowLiteRunner(_TFLiteRunner):
+    module = "tensorflow.lite"
+    package = "tensorflow"
+    extra = "convert"

@@ -1,0 +1,109 @@
+"""onnxruntime runner with explicit execution providers (never a silent CPU fallback)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra
+from pe_export.runners.base import Runner, register_runner
+from pe_export.specs import TensorSpec
+
+PROVIDER_ALIASES = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+DEFAULT_PROVIDERS = ("cpu",)
+
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+
+
+def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
+    """Short names (tensorrt, cuda, cpu) to onnxruntime provider names, checked for typos."""
+    resolved = []
+    for name in names:
+        key = name.strip().lower()
+        if key not in PROVIDER_ALIASES:
+            raise BadInputError(
+                f"unknown provider {name!r}; expected one of: {', '.join(PROVIDER_ALIASES)}"
+            )
+        resolved.append(PROVIDER_ALIASES[key])
+    return resolved
+
+
+@register_runner("onnxruntime", (".onnx",))
+class OnnxRuntimeRunner(Runner):
+    def __init__(self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.providers = resolve_providers(providers)
+        self._session: Any = None
+
+    def activate(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as err:
+            raise missing_extra("onnxruntime", "device") from err
+        available = ort.get_available_providers()
+        missing = [p for p in self.providers if p not in available]
+        if missing:
+            raise RuntimeUnavailableError(
+                f"provider(s) {', '.join(missing)} not available in this onnxruntime "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu for cuda/tensorrt "
+                "or pass --providers cpu"
+            )
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        try:
+            self._session = ort.InferenceSession(
+                str(self.model_path), sess_options=options, providers=self.providers
+            )
+        except Exception as err:  # onnxruntime raises its own exception types per failure
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise BadInputError(f"onnxruntime could not load {self.model_path.name}: {first_line}") from err
+        active = self._session.get_providers()
+        dropped = [p for p in self.providers if p not in active]
+        if dropped:
+            raise RuntimeUnavailableError(
+                f"onnxruntime could not start provider(s) {', '.join(dropped)} (active: {', '.join(active)})"
+            )
+
+    def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._session is None:
+            raise RuntimeError("activate() the runner before infer()")
+        names = self.output_names()
+        try:
+            values = self._session.run(names, feed)
+        except Exception as err:
+            first_line = str(err).strip().splitlines()[0]
+            raise BadInputError(f"onnxruntime rejected the inputs: {first_line}") from err
+        return dict(zip(names, values, strict=True))
+
+    def input_specs(self) -> list[TensorSpec]:
+        specs = []
+        for node in self._session.get_inputs():
+            shape = tuple(d if isinstance(d, int) else None for d in node.shape)
+            specs.append(TensorSpec(node.name, _ORT_TYPES.get(node.type, node.type), shape))
+        return specs
+
+    def output_names(self) -> list[str]:
+        return [node.name for node in self._session.get_outputs()]
+
+    def describe(self) -> str:
+        short = {v: k for k, v in PROVIDER_ALIASES.items()}
+        return f"onnxruntime[{','.join(short[p] for p in self.providers)}]"
+
+    def deactivate(self) -> None:
+        self._session = None

@@ -1,0 +1,172 @@
+"""SavedModel loading, signatures, input specs, shape overrides and freezing (TensorFlow side)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pe_export.constants import DEFAULT_SIGNATURE
+from pe_export.errors import BadInputError
+from pe_export.native import import_tensorflow
+from pe_export.specs import TensorSpec
+
+# Ops that pass integer indices through unchanged on the way to an embedding lookup.
+_INDEX_PASSTHROUGH_OPS = {"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"}
+_GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
+
+
+def is_savedmodel_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt"))
+
+
+def check_savedmodel_dir(path: Path) -> None:
+    if not path.exists():
+        raise BadInputError(f"{path} does not exist; expected a SavedModel directory")
+    if not path.is_dir():
+        raise BadInputError(
+            f"{path} is a file; expected a SavedModel directory (keras.Model.export(path) writes one)"
+        )
+    if not is_savedmodel_dir(path):
+        raise BadInputError(
+            f"{path} is not a SavedModel: no saved_model.pb inside; export the model with "
+            "keras.Model.export(path) or tf.saved_model.save(obj, path)"
+        )
+
+
+def savedmodel_digest(path: Path) -> str:
+    """sha256 over the graph and variable files, so a golden bundle can name its model."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != "fingerprint.pb")
+    for file in files:
+        digest.update(str(file.relative_to(path)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class LoadedSavedModel:
+    path: Path
+    obj: Any  # the object tf.saved_model.load returned; keeps variables alive
+
+    @property
+    def signature_names(self) -> list[str]:
+        return sorted(self.obj.signatures.keys())
+
+    def signature(self, name: str | None) -> Any:
+        names = self.signature_names
+        if not names:
+            raise BadInputError(
+                f"{self.path} has no serving signature; export it with keras.Model.export(path) "
+                "or save it with signatures="
+            )
+        if name is None:
+            name = DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
+        if name not in names:
+            raise BadInputError(
+                f"signature {name!r} is not in {self.path}; it has: {', '.join(names)} (use --signature)"
+            )
+        return self.obj.signatures[name]
+
+    def resolve_signature_name(self, name: str | None) -> str:
+        self.signature(name)
+        if name is None:
+            return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in self.signature_names else self.signature_names[0]
+        return name
+
+
+def load_savedmodel(path: Path) -> LoadedSavedModel:
+    path = Path(path)
+    check_savedmodel_dir(path)
+    tf = import_tensorflow()
+    try:
+        obj = tf.saved_model.load(str(path))
+    except Exception as err:  # TF raises several types for a damaged SavedModel
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BadInputError(f"{path} could not be loaded as a SavedModel: {first}") from err
+    return LoadedSavedModel(path, obj)
+
+
+def signature_input_specs(signature: Any) -> list[TensorSpec]:
+    _, kwargs = signature.structured_input_signature
+    return [
+        TensorSpec(name, spec.dtype.as_numpy_dtype.__name__, tuple(spec.shape.as_list()))
+        for name, spec in sorted(kwargs.items())
+    ]
+
+
+def signature_output_specs(signature: Any) -> list[TensorSpec]:
+    outputs = signature.structured_outputs
+    return [
+        TensorSpec(name, spec.dtype.as_numpy_dtype.__name__, tuple(spec.shape.as_list()))
+        for name, spec in sorted(outputs.items())
+    ]
+
+
+def signature_function(signature: Any, specs: list[TensorSpec]) -> Any:
+    """A tf.function calling ``signature`` with inputs of the given (possibly new) shapes."""
+    tf = import_tensorflow()
+    names = [spec.name for spec in specs]
+    tf_specs = [tf.TensorSpec(spec.shape, spec.dtype, name=spec.name) for spec in specs]
+
+    def call(*args: Any) -> Any:
+        return signature(**dict(zip(names, args, strict=True)))
+
+    return tf.function(call, input_signature=tf_specs, autograph=False)
+
+
+def wrap_signature(signature: Any, specs: list[TensorSpec]) -> Any:
+    """The concrete function of :func:`signature_function`, or a one-line error when shapes conflict."""
+    try:
+        return signature_function(signature, specs).get_concrete_function()
+    except (ValueError, TypeError) as err:
+        wanted = ", ".join(spec.describe() for spec in specs)
+        raise BadInputError(
+            f"the SavedModel's signature does not accept inputs {wanted}: "
+            f"{str(err).strip().splitlines()[0]}; drop --seq-len/--dynamic-seq/--batch or match the "
+            "model's own shapes"
+        ) from err
+
+
+def frozen_graph_def(concrete: Any) -> Any:
+    """The concrete function with variables as constants and calls inlined, as a GraphDef."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    return convert_variables_to_constants_v2(concrete).graph.as_graph_def()
+
+
+def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, int]:
+    """For integer inputs that index an embedding table: the table's row count (exclusive bound).
+
+    Follows each input through casts and reshapes to the gather it feeds, and reads the
+    gathered constant's first dimension. Inputs that feed no gather are left out.
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    consumers: dict[str, list[tuple[Any, int]]] = {}
+    for node in graph_def.node:
+        for position, source in enumerate(node.input):
+            consumers.setdefault(source.split(":")[0].lstrip("^"), []).append((node, position))
+    bounds: dict[str, int] = {}
+    for name in input_names:
+        frontier, seen = [name], set()
+        while frontier:
+            current = frontier.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            for node, position in consumers.get(current, []):
+                if node.op in _GATHER_OPS and position == 1:
+                    rows = _const_rows(nodes.get(node.input[0].split(":")[0]))
+                    if rows:
+                        bounds[name] = min(bounds.get(name, rows), rows)
+                elif node.op in _INDEX_PASSTHROUGH_OPS and position == 0:
+                    frontier.append(node.name)
+    return bounds
+
+
+def _const_rows(node: Any) -> int | None:
+    if node is None or node.op != "Const":
+        return None
+    dims = node.attr["value"].tensor.tensor_shape.dim
+    return int(dims[0].size) if dims else None
