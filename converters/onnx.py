@@ -10,7 +10,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
-from pe_export.savedmodel import LoadedSavedModel, signature_function
+from pe_export.savedmodel import LoadedSavedModel, frozen_function, frozen_io_names, wrap_signature
 from pe_export.specs import TensorSpec
 
 
@@ -29,11 +29,19 @@ def convert_onnx(
 ) -> tuple[bytes, str]:
     """Convert one signature at the given input specs. Returns (serialized model, captured log)."""
     tf2onnx = _import_tf2onnx()
-    function = signature_function(loaded.signature(options.signature), specs)
+    # Freeze here rather than in tf2onnx.from_function: it would turn captured constant tensors
+    # (a position table held by a layer) into extra graph inputs.
+    concrete = wrap_signature(loaded.signature(options.signature), specs)
+    frozen = frozen_function(concrete)
+    inputs, outputs = frozen_io_names(concrete, frozen)
     with capture_native_output(quiet) as log:
         try:
-            model, _ = tf2onnx.convert.from_function(
-                function, input_signature=function.input_signature, opset=options.opset
+            model, _ = tf2onnx.convert.from_graph_def(
+                frozen.graph.as_graph_def(),
+                input_names=list(inputs),
+                output_names=list(outputs),
+                opset=options.opset,
+                tensors_to_rename={**inputs, **outputs},
             )
         except Exception as err:  # tf2onnx raises many types; all mean the same to the user
             failure: Exception | None = err
@@ -66,12 +74,36 @@ def check_onnx_model(model: Any, what: str) -> None:
 
 
 def _to_float16(model: Any) -> Any:
-    try:
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-    except ImportError as err:
-        raise missing_extra("onnxruntime", "convert") from err
-    # Inputs and outputs stay float32 so the same feeds and references apply.
-    return convert_float_to_float16(model, keep_io_types=True)
+    """float16 weight storage: every float32 weight (rank ≥ 2) is stored in float16 and cast back.
+
+    This is what the TFLite converter's float16 mode does too; compute stays float32, so the
+    CPU provider runs it at fp32 speed with half the weight bytes. Full fp16 compute through
+    onnxruntime's converter breaks tf2onnx's strided-slice lowering, which compares against
+    ±1e9 float sentinels that float16 cannot hold (measured: a 0-row position slice).
+    """
+    onnx = import_onnx()
+    from onnx import numpy_helper
+
+    graph = model.graph
+    casts, kept = [], []
+    for initializer in graph.initializer:
+        if initializer.data_type == onnx.TensorProto.FLOAT and len(initializer.dims) >= 2:
+            half = numpy_helper.from_array(
+                numpy_helper.to_array(initializer).astype("float16"), f"{initializer.name}__fp16"
+            )
+            kept.append(half)
+            casts.append(onnx.helper.make_node(
+                "Cast", [half.name], [initializer.name], name=f"{initializer.name}__to_fp32",
+                to=onnx.TensorProto.FLOAT,
+            ))
+        else:
+            kept.append(initializer)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
 
 
 def _dynamic_int8(model: Any) -> Any:

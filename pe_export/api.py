@@ -13,7 +13,7 @@ from pe_export.constants import CALIBRATION_SAMPLES, PRECISION_OF_QUANTIZE, VERI
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import atomic_write_bytes, check_output_path
-from pe_export.inputs import generate_inputs
+from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult, compare_runners
 from pe_export.parity.tolerances import tolerance_for
@@ -77,7 +77,7 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         for seed in range(CALIBRATION_SAMPLES):
-            yield _feed(job.specs, job.bounds, batch=1, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
+            yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
 
     data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet)
     summary = summarize_tflite_bytes(data, Path(output))
@@ -156,13 +156,18 @@ def _feed(specs: list[TensorSpec], bounds: dict[str, int], *, batch: int, seed: 
     return generate_inputs(specs, bounds, batch=batch, seq_len=VERIFY_SEQ_LEN, seed=seed, padded=padded)
 
 
-def verification_feeds(specs: list[TensorSpec], bounds: dict[str, int]) -> dict[str, dict[str, np.ndarray]]:
-    """Two cases: full-length rows, and rows padded at several lengths."""
-    batch = concrete_shape(specs[0], VERIFY_BATCH, VERIFY_SEQ_LEN)[0] if specs and specs[0].shape else VERIFY_BATCH
-    return {
-        "random": _feed(specs, bounds, batch=batch, seed=VERIFY_SEED, padded=False),
-        "padded": _feed(specs, bounds, batch=batch, seed=VERIFY_SEED, padded=True),
-    }
+def verification_feeds(
+    specs: list[TensorSpec], bounds: dict[str, int]
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Two cases, full-length rows and rows padded at several lengths, with their valid positions."""
+    shape = concrete_shape(specs[0], VERIFY_BATCH, VERIFY_SEQ_LEN) if specs else ()
+    batch = shape[0] if shape else VERIFY_BATCH
+    seq_len = shape[1] if len(shape) > 1 else VERIFY_SEQ_LEN
+    feeds, valid = {}, {}
+    for case, padded in (("random", False), ("padded", True)):
+        feeds[case] = generate_inputs(specs, bounds, batch=batch, seq_len=seq_len, seed=VERIFY_SEED, padded=padded)
+        valid[case] = valid_positions(batch, seq_len, padded=padded)
+    return feeds, valid
 
 
 def installed_runner_for(path: Path) -> str | None:
@@ -194,7 +199,8 @@ def verify_export(job: _Job, runner_name: str) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
     precision = PRECISION_OF_QUANTIZE[job.options.quantize]
-    feeds = verification_feeds(job.specs, job.bounds)
+    feeds, valid = verification_feeds(job.specs, job.bounds)
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)  # type: ignore[arg-type]
     with reference, create_runner(runner_name, job.output) as candidate:
-        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision))
+        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision),
+                               valid=valid)

@@ -27,6 +27,12 @@ def padded_lengths(batch: int, seq_len: int) -> np.ndarray:
     return np.maximum(1, np.round(fractions * seq_len)).astype(np.int64)
 
 
+def valid_positions(batch: int, seq_len: int, *, padded: bool) -> np.ndarray:
+    """[batch, seq_len] booleans: True where a position holds a real token, False where padding."""
+    lengths = padded_lengths(batch, seq_len) if padded else np.full(batch, seq_len)
+    return np.arange(seq_len)[None, :] < lengths[:, None]
+
+
 def generate_inputs(
     specs: list[TensorSpec],
     index_bounds: dict[str, int],

@@ -129,11 +129,26 @@ def wrap_signature(signature: Any, specs: list[TensorSpec]) -> Any:
         ) from err
 
 
-def frozen_graph_def(concrete: Any) -> Any:
-    """The concrete function with variables as constants and calls inlined, as a GraphDef."""
+def frozen_function(concrete: Any) -> Any:
+    """The concrete function with variables and captured tensors as constants, calls inlined."""
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-    return convert_variables_to_constants_v2(concrete).graph.as_graph_def()
+    return convert_variables_to_constants_v2(concrete)
+
+
+def frozen_graph_def(concrete: Any) -> Any:
+    return frozen_function(concrete).graph.as_graph_def()
+
+
+def frozen_io_names(concrete: Any, frozen: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """Graph tensor name → user-facing name, for the frozen function's inputs and outputs.
+
+    Signatures return a flat dict, which TensorFlow flattens in sorted key order.
+    """
+    inputs = {tensor.name: tensor.name.split(":")[0] for tensor in frozen.inputs}
+    keys = sorted(concrete.structured_outputs)
+    outputs = {tensor.name: key for tensor, key in zip(frozen.outputs, keys, strict=True)}
+    return inputs, outputs
 
 
 def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, int]:

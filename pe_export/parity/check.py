@@ -60,8 +60,12 @@ def compare_runners(
     *,
     precision: str,
     tolerance: Tolerance,
+    valid: dict[str, np.ndarray] | None = None,
 ) -> ParityResult:
-    """Both runners must be active. Raises ParityError when the outputs do not even line up."""
+    """Both runners must be active. Raises ParityError when the outputs do not even line up.
+
+    ``valid`` maps a case to its [batch, seq] mask of real (unpadded) positions.
+    """
     result = ParityResult(candidate.describe(), precision, tolerance)
     for case, feed in feeds.items():
         expected = reference.infer(feed)
@@ -78,6 +82,7 @@ def compare_runners(
                     f"output {name!r} has shape {np.shape(actual[name])} in the exported file and "
                     f"{np.shape(expected[name])} in the reference ({case} inputs)"
                 )
-            metrics.append(compare_output(name, actual[name], expected[name], tolerance))
+            mask = None if valid is None else valid.get(case)
+            metrics.append(compare_output(name, actual[name], expected[name], tolerance, mask))
         result.cases.append(CaseResult(case, metrics))
     return result

@@ -29,12 +29,20 @@ class OutputMetrics:
         return asdict(self)
 
 
-def compare_output(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> OutputMetrics:
-    """Statistics of ``actual`` against ``expected``; shapes must already match."""
+def compare_output(
+    name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance, valid: np.ndarray | None = None
+) -> OutputMetrics:
+    """Statistics of ``actual`` against ``expected``; shapes must already match.
+
+    ``valid`` ([batch, seq] booleans) drops padded positions from outputs that have a
+    sequence axis: what an encoder computes at a padded position is never consumed.
+    """
     actual64 = np.asarray(actual, dtype=np.float64)
     expected64 = np.asarray(expected, dtype=np.float64)
     if actual64.shape != expected64.shape:
         raise ValueError(f"output {name!r}: shape {actual64.shape} does not match reference {expected64.shape}")
+    if valid is not None and actual64.shape[:2] == valid.shape:
+        actual64, expected64 = actual64[valid], expected64[valid]
     nan_count = int(np.isnan(actual64).sum())
     inf_count = int(np.isinf(actual64).sum())
     error = np.abs(actual64 - expected64)

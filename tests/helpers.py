@@ -1,0 +1,70 @@
+"""Helpers for tests: run the CLI in-process and compare files against TensorFlow independently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pe_export.cli import main
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(capfd: pytest.CaptureFixture[str], *args: str) -> CliResult:
+    """Run `pe-export ARGS` in this process, capturing fd-level output."""
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return CliResult(int(exit_info.value.code or 0), out, err)
+
+
+def reference_outputs(saved_model: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    return {k: v.numpy() for k, v in signature(**{k: tf.constant(v) for k, v in feed.items()}).items()}
+
+
+def litert_outputs(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Straight through ai-edge-litert, not through pe-export's runner."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    return {k: np.array(v) for k, v in runner(**feed).items()}
+
+
+def onnxruntime_outputs(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+def token_feed(input_names: tuple[str, ...], batch: int, seq_len: int, vocab: int, seed: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for name in input_names:
+        if name == "attention_mask":
+            mask = np.ones((batch, seq_len), np.int32)
+            mask[1:, seq_len // 2 :] = 0
+            feed[name] = mask
+        elif name == "segment_ids":
+            feed[name] = rng.integers(0, 2, (batch, seq_len)).astype(np.int32)
+        else:
+            feed[name] = rng.integers(1, vocab, (batch, seq_len)).astype(np.int32)
+    return feed
+
+
+def max_abs_error(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> float:
+    assert sorted(actual) == sorted(expected)
+    return max(float(np.max(np.abs(actual[k] - expected[k]))) for k in expected)
