@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.converters.options import ExportOptions
+
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
@@ -17,7 +18,6 @@ from pe_export.specs import TensorSpec
 def _import_tf2onnx() -> Any:
     try:
         import tf2onnx
-
         from pe_export.converters import tf2onnx_handlers  # noqa: F401  (registers handlers)
     except ImportError as err:
         raise missing_extra("tf2onnx", "convert") from err
@@ -92,10 +92,15 @@ def _to_float16(model: Any) -> Any:
                 numpy_helper.to_array(initializer).astype("float16"), f"{initializer.name}__fp16"
             )
             kept.append(half)
-            casts.append(onnx.helper.make_node(
-                "Cast", [half.name], [initializer.name], name=f"{initializer.name}__to_fp32",
-                to=onnx.TensorProto.FLOAT,
-            ))
+            casts.append(
+                onnx.helper.make_node(
+                    "Cast",
+                    [half.name],
+                    [initializer.name],
+                    name=f"{initializer.name}__to_fp32",
+                    to=onnx.TensorProto.FLOAT,
+                )
+            )
         else:
             kept.append(initializer)
     del graph.initializer[:]

@@ -44,17 +44,33 @@ class ExportOptions:
             raise BadInputError(f"--opset {self.opset} is out of range; expected {MIN_ONNX_OPSET}..23")
 
     def export_specs(self, specs: list[TensorSpec]) -> list[TensorSpec]:
-        """The SavedModel's input specs with the requested batch and sequence axes applied."""
+        """The SavedModel's input specs with the requested batch and sequence axes applied.
+
+        An axis the SavedModel fixes stays fixed: its graph was traced at that size, so a
+        file that advertised another size (or a dynamic one) would fail at run time.
+        """
         result = []
         for spec in specs:
             if self.batch is not None:
-                spec = spec.with_axis(BATCH_AXIS, self.batch)
+                spec = _retarget(spec, BATCH_AXIS, self.batch, "--batch", "batch")
             if self.seq_len is not None:
-                spec = spec.with_axis(SEQUENCE_AXIS, self.seq_len)
+                spec = _retarget(spec, SEQUENCE_AXIS, self.seq_len, "--seq-len", "sequence length")
             elif self.dynamic_seq:
-                spec = spec.with_axis(SEQUENCE_AXIS, None)
+                spec = _retarget(spec, SEQUENCE_AXIS, None, "--dynamic-seq", "sequence length")
             result.append(spec)
         return result
+
+
+def _retarget(spec: TensorSpec, axis: int, size: int | None, flag: str, what: str) -> TensorSpec:
+    if axis >= len(spec.shape):
+        return spec
+    fixed = spec.shape[axis]
+    if fixed is not None and fixed != size:
+        raise BadInputError(
+            f"{flag}: input {spec.name!r} has a fixed {what} of {fixed} in the SavedModel ({spec.describe()}); "
+            f"drop {flag}, or re-export the Keras model with a dynamic axis (keras.Input(shape=(None,)))"
+        )
+    return spec.with_axis(axis, size)
 
 
 def _check_range(flag: str, value: int | None, maximum: int) -> None:

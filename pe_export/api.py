@@ -9,7 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_export.constants import CALIBRATION_SAMPLES, PRECISION_OF_QUANTIZE, VERIFY_BATCH, VERIFY_SEED, VERIFY_SEQ_LEN
+from pe_export.constants import (
+    CALIBRATION_SAMPLES,
+    PRECISION_OF_QUANTIZE,
+    VERIFY_BATCH,
+    VERIFY_SEED,
+    VERIFY_SEQ_LEN,
+)
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import atomic_write_bytes, check_output_path
@@ -147,12 +153,14 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     if any(spec.is_integer for spec in specs):
         graph = frozen_graph_def(wrap_signature(signature, specs))
         bounds = integer_input_bounds(graph, [spec.name for spec in specs])
-    return _Job(target, saved_model, output, options, loaded, loaded.resolve_signature_name(options.signature),
-                specs, bounds)
+    return _Job(
+        target, saved_model, output, options, loaded, loaded.resolve_signature_name(options.signature), specs, bounds
+    )
 
 
-def _feed(specs: list[TensorSpec], bounds: dict[str, int], *, batch: int, seed: int,
-          padded: bool) -> dict[str, np.ndarray]:
+def _feed(
+    specs: list[TensorSpec], bounds: dict[str, int], *, batch: int, seed: int, padded: bool
+) -> dict[str, np.ndarray]:
     return generate_inputs(specs, bounds, batch=batch, seq_len=VERIFY_SEQ_LEN, seed=seed, padded=padded)
 
 
@@ -179,8 +187,9 @@ def installed_runner_for(path: Path) -> str | None:
 
 def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportReport:
     atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
-    report = ExportReport(job.target, job.source, job.output, job.signature, job.specs, job.options, summary,
-                          converter_log=log)
+    report = ExportReport(
+        job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log
+    )
     if not job.options.verify:
         return report
     runnable = [v for v in summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
@@ -189,7 +198,9 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportRe
         report.unverified_reason = f"no pip runtime runs it ({summary.runs_on[0].why})"
         return report
     if runner_name is None:
-        report.unverified_reason = f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
+        report.unverified_reason = (
+            f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
+        )
         return report
     report.parity = verify_export(job, runner_name)
     return report
@@ -202,5 +213,6 @@ def verify_export(job: _Job, runner_name: str) -> ParityResult:
     feeds, valid = verification_feeds(job.specs, job.bounds)
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)  # type: ignore[arg-type]
     with reference, create_runner(runner_name, job.output) as candidate:
-        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision),
-                               valid=valid)
+        return compare_runners(
+            reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision), valid=valid
+        )

@@ -73,6 +73,4 @@ class NeedsFlexError(PeExportError):
 
 def missing_extra(package: str, extra: str) -> RuntimeUnavailableError:
     """The error raised when an optional backend is not installed."""
-    return RuntimeUnavailableError(
-        f"{package} is not installed; install it with: pip install 'pe-export[{extra}]'"
-    )
+    return RuntimeUnavailableError(f"{package} is not installed; install it with: pip install 'pe-export[{extra}]'")

@@ -25,9 +25,7 @@ def check_savedmodel_dir(path: Path) -> None:
     if not path.exists():
         raise BadInputError(f"{path} does not exist; expected a SavedModel directory")
     if not path.is_dir():
-        raise BadInputError(
-            f"{path} is a file; expected a SavedModel directory (keras.Model.export(path) writes one)"
-        )
+        raise BadInputError(f"{path} is a file; expected a SavedModel directory (keras.Model.export(path) writes one)")
     if not is_savedmodel_dir(path):
         raise BadInputError(
             f"{path} is not a SavedModel: no saved_model.pb inside; export the model with "

@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 
-from tests.fixtures.models import MODEL_CASES, export_case  # noqa: E402
+from tests.fixtures.models import MODEL_CASES, export_case
 
 
 @pytest.fixture(scope="session")

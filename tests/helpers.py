@@ -50,7 +50,9 @@ def onnxruntime_outputs(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np
     return dict(zip(names, session.run(names, feed), strict=True))
 
 
-def token_feed(input_names: tuple[str, ...], batch: int, seq_len: int, vocab: int, seed: int = 7) -> dict[str, np.ndarray]:
+def token_feed(
+    input_names: tuple[str, ...], batch: int, seq_len: int, vocab: int, seed: int = 7
+) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feed = {}
     for name in input_names:

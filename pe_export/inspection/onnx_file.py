@@ -73,8 +73,9 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
     inputs = [_value_spec(v, onnx) for v in graph.input if v.name not in initializer_names]
     outputs = [_value_spec(v, onnx) for v in graph.output]
     nodes = _all_nodes(graph)
-    op_counts = Counter(node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}.{node.op_type}"
-                        for node in nodes)
+    op_counts = Counter(
+        node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}.{node.op_type}" for node in nodes
+    )
     constants = []
     for init in graph.initializer:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name

@@ -26,9 +26,12 @@ def summarize_savedmodel(path: Path, signature: str | None = None) -> ModelSumma
     graph = frozen_graph_def(chosen)
     op_counts = Counter(node.op for node in graph.node if node.op not in _NON_COMPUTE_OPS)
     constants = [
-        ConstantInfo(variable.path if hasattr(variable, "path") else variable.name,
-                     variable.dtype.name, tuple(variable.shape.as_list()),
-                     int(variable.shape.num_elements() or 0) * variable.dtype.size)
+        ConstantInfo(
+            variable.path if hasattr(variable, "path") else variable.name,
+            variable.dtype.name,
+            tuple(variable.shape.as_list()),
+            int(variable.shape.num_elements() or 0) * variable.dtype.size,
+        )
         for variable in getattr(loaded.obj, "variables", [])
     ]
     file_bytes = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

@@ -15,8 +15,21 @@ from pe_export.specs import TensorSpec
 FILE_IDENTIFIER = b"TFL3"
 CUSTOM_OPCODE = 32
 FLEX_PREFIX = "Flex"
-_ITEMSIZE = {"float32": 4, "float16": 2, "int32": 4, "uint8": 1, "int64": 8, "bool": 1, "int16": 2,
-             "int8": 1, "float64": 8, "uint64": 8, "uint32": 4, "uint16": 2, "bfloat16": 2}
+_ITEMSIZE = {
+    "float32": 4,
+    "float16": 2,
+    "int32": 4,
+    "uint8": 1,
+    "int64": 8,
+    "bool": 1,
+    "int16": 2,
+    "int8": 1,
+    "float64": 8,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "bfloat16": 2,
+}
 
 # Field indices from the TFLite schema (schema.fbs).
 MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_BUFFERS, MODEL_SIGNATURE_DEFS = 1, 2, 4, 7
@@ -50,7 +63,7 @@ def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
 def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
     if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
         raise BadInputError(
-            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a .tflite flatbuffer from the TFLite converter"
+            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a TFLite converter flatbuffer"
         )
     try:
         model = root_table(data)
@@ -73,9 +86,9 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
                 buffer = int(tensor.scalar(TENSOR_BUFFER, "I"))
                 if 0 < buffer < len(buffer_sizes) and buffer_sizes[buffer] > 0:
                     spec = _tensor_spec(tensor, tensor.string(TENSOR_NAME))
-                    constants.append(ConstantInfo(
-                        spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer]
-                    ))
+                    constants.append(
+                        ConstantInfo(spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer])
+                    )
         signatures = []
         for signature in model.tables(MODEL_SIGNATURE_DEFS):
             subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
@@ -93,12 +106,11 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
                 io.append(specs)
             signatures.append(SignatureInfo(signature.string(SIGNATURE_KEY), io[0], io[1]))
     except CorruptFileError as err:
-        raise BadInputError(
-            f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it"
-        ) from err
+        raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
     flex = sorted(name for name in op_counts if name.startswith(FLEX_PREFIX))
-    custom = sorted(name for name in op_counts if name not in flex and (
-        name == "CUSTOM" or name not in BUILTIN_OPERATORS.values()))
+    custom = sorted(
+        name for name in op_counts if name not in flex and (name == "CUSTOM" or name not in BUILTIN_OPERATORS.values())
+    )
     return ModelSummary(
         path=path,
         format="tflite",

@@ -19,9 +19,7 @@ class Tolerance:
     min_cosine: float
 
     def override(self, atol: float | None = None, rtol: float | None = None) -> Tolerance:
-        return replace(
-            self, atol=self.atol if atol is None else atol, rtol=self.rtol if rtol is None else rtol
-        )
+        return replace(self, atol=self.atol if atol is None else atol, rtol=self.rtol if rtol is None else rtol)
 
 
 FP32_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)
@@ -38,7 +36,5 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 
 def tolerance_for(precision: str) -> Tolerance:
     if precision not in DEFAULT_TOLERANCES:
-        raise BadInputError(
-            f"unknown precision {precision!r}; expected one of: {', '.join(DEFAULT_TOLERANCES)}"
-        )
+        raise BadInputError(f"unknown precision {precision!r}; expected one of: {', '.join(DEFAULT_TOLERANCES)}")
     return DEFAULT_TOLERANCES[precision]

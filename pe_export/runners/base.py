@@ -43,8 +43,9 @@ class Runner(ABC):
     @abstractmethod
     def output_names(self) -> list[str]: ...
 
+    @abstractmethod
     def deactivate(self) -> None:
-        """Drop the runtime's session; subclasses free more where they hold more."""
+        """Drop the runtime's session."""
 
     def describe(self) -> str:
         return self.name
@@ -88,9 +89,7 @@ def runners_for_file(path: Path) -> list[str]:
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
     if name not in _REGISTRY:
-        raise BadInputError(
-            f"unknown runtime {name!r}; expected one of: {', '.join(runner_names())}"
-        )
+        raise BadInputError(f"unknown runtime {name!r}; expected one of: {', '.join(runner_names())}")
     cls = _REGISTRY[name]
     suffix = Path(model_path).suffix.lower()
     if suffix not in cls.file_suffixes:

@@ -51,9 +51,7 @@ class _TFLiteRunner(Runner):
             )
         key = self.signature or next(iter(signatures))
         if key not in signatures:
-            raise BadInputError(
-                f"signature {key!r} is not in {self.model_path.name}; it has: {', '.join(signatures)}"
-            )
+            raise BadInputError(f"signature {key!r} is not in {self.model_path.name}; it has: {', '.join(signatures)}")
         self._signature_key = key
         self._signature_runner = self._interpreter.get_signature_runner(key)
 

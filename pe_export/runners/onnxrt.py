@@ -35,9 +35,7 @@ def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
     for name in names:
         key = name.strip().lower()
         if key not in PROVIDER_ALIASES:
-            raise BadInputError(
-                f"unknown provider {name!r}; expected one of: {', '.join(PROVIDER_ALIASES)}"
-            )
+            raise BadInputError(f"unknown provider {name!r}; expected one of: {', '.join(PROVIDER_ALIASES)}")
         resolved.append(PROVIDER_ALIASES[key])
     return resolved
 
@@ -67,9 +65,7 @@ class OnnxRuntimeRunner(Runner):
         if self.threads:
             options.intra_op_num_threads = self.threads
         try:
-            self._session = ort.InferenceSession(
-                str(self.model_path), sess_options=options, providers=self.providers
-            )
+            self._session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=self.providers)
         except Exception as err:  # onnxruntime raises its own exception types per failure
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise BadInputError(f"onnxruntime could not load {self.model_path.name}: {first_line}") from err

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from tests.fixtures.models import MODEL_CASES, VOCAB
 from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, token_feed

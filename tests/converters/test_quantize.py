@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 
@@ -19,7 +19,9 @@ def fp32_bytes(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     """Constant bytes of the fp32 exports."""
     out = tmp_path_factory.mktemp("fp32")
     return {
-        "tflite": export_tflite(saved_model(MODEL), out / "m.tflite", ExportOptions(verify=False)).summary.constant_bytes,
+        "tflite": export_tflite(
+            saved_model(MODEL), out / "m.tflite", ExportOptions(verify=False)
+        ).summary.constant_bytes,
         "onnx": export_onnx(saved_model(MODEL), out / "m.onnx", ExportOptions(verify=False)).summary.constant_bytes,
     }
 
@@ -34,15 +36,18 @@ def fp32_bytes(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         ("onnx", "dynamic-int8", "int8"),
     ],
 )
-def test_quantized_export_reports_error(target: str, mode: str, precision: str, saved_model, tmp_path: Path,
-                                        fp32_bytes: dict[str, int]) -> None:
+def test_quantized_export_reports_error(
+    target: str, mode: str, precision: str, saved_model, tmp_path: Path, fp32_bytes: dict[str, int]
+) -> None:
     export = export_tflite if target == "tflite" else export_onnx
     report = export(saved_model(MODEL), tmp_path / f"m.{target}", ExportOptions(quantize=mode))
     parity = report.parity
     assert parity is not None and parity.precision == precision
-    print(f"{target} {mode}: file {report.summary.file_bytes:,} B, constants {report.summary.constant_bytes:,} B "
-          f"(fp32 constants {fp32_bytes[target]:,} B), "
-          f"max abs {parity.max_abs:.3g}, min cosine {parity.min_cosine:.6f}")
+    print(
+        f"{target} {mode}: file {report.summary.file_bytes:,} B, constants {report.summary.constant_bytes:,} B "
+        f"(fp32 constants {fp32_bytes[target]:,} B), "
+        f"max abs {parity.max_abs:.3g}, min cosine {parity.min_cosine:.6f}"
+    )
     assert report.exit_code == ExitCode.OK
     assert parity.tolerance == DEFAULT_TOLERANCES[precision]
     # Really quantized: measurably different from fp32, and its constants take fewer bytes.

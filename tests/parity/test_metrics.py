@@ -1,0 +1,51 @@
+"""Error statistics: exact numbers on hand-made arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pe_export.errors import BadInputError
+from pe_export.parity.metrics import compare_output
+from pe_export.parity.tolerances import FP32_TOLERANCE, Tolerance, tolerance_for
+
+
+def test_statistics_and_worst_index() -> None:
+    expected = np.zeros((2, 3, 4), np.float32) + 1.0
+    actual = expected.copy()
+    actual[1, 2, 3] += 0.5
+    metrics = compare_output("h", actual, expected, FP32_TOLERANCE)
+    assert metrics.max_abs == pytest.approx(0.5)
+    assert metrics.mean_abs == pytest.approx(0.5 / 24)
+    assert metrics.max_rel == pytest.approx(0.5)
+    assert metrics.worst_index == (1, 2, 3)
+    assert not metrics.within_tolerance
+    assert compare_output("h", expected, expected, FP32_TOLERANCE).within_tolerance
+
+
+def test_nan_and_inf_fail_and_are_counted() -> None:
+    expected = np.ones(5)
+    actual = np.array([1.0, np.nan, np.inf, 1.0, 1.0])
+    metrics = compare_output("h", actual, expected, Tolerance(1.0, 1.0, 0.0))
+    assert (metrics.nan_count, metrics.inf_count, metrics.within_tolerance) == (1, 1, False)
+
+
+def test_padded_positions_are_excluded() -> None:
+    expected = np.zeros((2, 4, 3))
+    actual = expected.copy()
+    actual[1, 3] = 9.0  # garbage at a padded position
+    valid = np.array([[True] * 4, [True, True, True, False]])
+    assert compare_output("h", actual, expected, FP32_TOLERANCE, valid).within_tolerance
+    assert not compare_output("h", actual, expected, FP32_TOLERANCE).within_tolerance
+
+
+def test_cosine_gate() -> None:
+    expected = np.array([1.0, 0.0])
+    actual = np.array([0.0, 1.0])
+    assert compare_output("h", actual, expected, Tolerance(10.0, 0.0, 0.5)).cosine == pytest.approx(0.0)
+    assert not compare_output("h", actual, expected, Tolerance(10.0, 0.0, 0.5)).within_tolerance
+
+
+def test_unknown_precision() -> None:
+    with pytest.raises(BadInputError, match="expected one of: fp32, fp16, int8"):
+        tolerance_for("bf16")

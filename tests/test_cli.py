@@ -1,0 +1,133 @@
+"""The CLI: reports, Flex handling, bad input as one line with its exit code, atomic outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pe_export.errors import ExitCode
+from tests.helpers import run_cli
+
+
+def assert_one_line_error(result, code: ExitCode, *fragments: str) -> None:
+    assert result.exit_code == code, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def no_stray_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or p.suffix == ".tmp")
+
+
+def test_tflite_report_shows_ops_constants_runtimes_and_parity(capfd, saved_model, tmp_path: Path) -> None:
+    out = tmp_path / "m.tflite"
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", out)
+    assert result.exit_code == 0, result.stderr
+    for fragment in (
+        "signature serving_default",
+        "in   token_ids: int32[?,?]",
+        "flex ops: none",
+        "FULLY_CONNECTED",
+        "largest:",
+        "ai-edge-litert   yes",
+        "parity vs TensorFlow float32 on litert",
+        "OK: wrote",
+    ):
+        assert fragment in result.stdout
+    assert out.stat().st_size > 0 and no_stray_files(tmp_path) == []
+
+
+def test_flex_model_names_its_flex_ops_and_is_not_verified_here(capfd, saved_model, tmp_path: Path) -> None:
+    out = tmp_path / "flex.tflite"
+    result = run_cli(capfd, "tflite", saved_model("encoder_flex"), "-o", out)
+    assert "flex ops: FlexCumprod" in result.stdout
+    assert "ai-edge-litert   NO   needs Flex ops FlexCumprod" in result.stdout
+    assert_one_line_error(result, ExitCode.RUNTIME_UNAVAILABLE, "not verified", "FlexCumprod")
+    assert out.exists()  # the file is valid; only the proof is missing
+
+    accepted = run_cli(capfd, "tflite", saved_model("encoder_flex"), "-o", out, "--overwrite", "--no-verify")
+    assert accepted.exit_code == 0 and "not verified (--no-verify)" in accepted.stdout
+
+
+def test_builtins_only_refuses_flex_model_and_writes_nothing(capfd, saved_model, tmp_path: Path) -> None:
+    out = tmp_path / "flex.tflite"
+    result = run_cli(capfd, "tflite", saved_model("encoder_flex"), "-o", out, "--builtins-only")
+    assert_one_line_error(result, ExitCode.NEEDS_FLEX, "--builtins-only", "FlexCumprod")
+    assert not out.exists() and no_stray_files(tmp_path) == []
+
+
+def test_builtins_only_accepts_builtin_model(capfd, saved_model, tmp_path: Path) -> None:
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "m.tflite", "--builtins-only")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_seq_len_and_batch_fix_the_exported_shape(capfd, saved_model, tmp_path: Path) -> None:
+    result = run_cli(
+        capfd, "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "m.tflite", "--seq-len", "12", "--batch", "3"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "in   token_ids: int32[3,12]" in result.stdout
+
+
+@pytest.mark.parametrize("flags", [["--dynamic-seq"], ["--seq-len", "24"]])
+def test_fixed_model_length_cannot_be_changed(capfd, saved_model, tmp_path: Path, flags: list[str]) -> None:
+    result = run_cli(capfd, "onnx", saved_model("encoder_fixed"), "-o", tmp_path / "m.onnx", *flags)
+    assert_one_line_error(result, ExitCode.BAD_INPUT, flags[0], "fixed sequence length of 16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("make_args", "fragments"),
+    [
+        (lambda d, sm: ["tflite", d / "missing", "-o", d / "m.tflite"], ["does not exist"]),
+        (lambda d, sm: ["tflite", d / "file.txt", "-o", d / "m.tflite"], ["is a file"]),
+        (lambda d, sm: ["onnx", d, "-o", d / "m.onnx"], ["is not a SavedModel"]),
+        (
+            lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--signature", "nope"],
+            ["signature 'nope'", "serving_default"],
+        ),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--quantize", "int4"], ["int4"]),
+        (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--quantize", "int8"], ["'int8'"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "0"], ["--seq-len 0 is out of range"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "-5"], ["--seq-len -5 is out of range"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "9999999999"], ["out of range"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "8", "--dynamic-seq"], ["contradict"]),
+        (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--opset", "7"], ["--opset 7"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.onnx"], ["should end in .tflite"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "nofolder" / "m.tflite"], ["does not exist; create it"]),
+        (lambda d, sm: ["inspect", d / "file.txt"], ["neither .tflite nor .onnx"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capfd, saved_model, tmp_path: Path, make_args, fragments) -> None:
+    (tmp_path / "file.txt").write_text("not a model")
+    result = run_cli(capfd, *make_args(tmp_path, saved_model("encoder_dynamic")))
+    assert_one_line_error(result, ExitCode.BAD_INPUT, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_existing_output_is_kept_without_overwrite(capfd, saved_model, tmp_path: Path) -> None:
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"previous")
+    result = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", out)
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "already exists", "--overwrite")
+    assert out.read_bytes() == b"previous"
+    replaced = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", out, "--overwrite")
+    assert replaced.exit_code == 0 and out.read_bytes() != b"previous"
+    assert no_stray_files(tmp_path) == []
+
+
+def test_verbose_shows_traceback(capfd, tmp_path: Path) -> None:
+    result = run_cli(capfd, "--verbose", "tflite", tmp_path / "missing", "-o", tmp_path / "m.tflite")
+    assert result.exit_code == ExitCode.BAD_INPUT and "Traceback" in result.stderr
+
+
+def test_help_lists_exit_codes(capfd) -> None:
+    result = run_cli(capfd, "--help")
+    assert result.exit_code == 0
+    for code in ExitCode:
+        assert f"  {int(code)}  " in result.stdout

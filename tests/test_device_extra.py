@@ -1,0 +1,91 @@
+"""The device side installs and runs without TensorFlow.
+
+Builds a real venv with `pip install '.[device]'` (cached between runs, keyed by
+pyproject.toml), then inspects and runs exported files there and checks that TensorFlow
+is neither installed nor imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pe_export.converters.options import ExportOptions
+
+from pe_export.api import export_onnx, export_tflite
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
+
+DEVICE_SCRIPT = """
+import importlib.util, sys
+import numpy as np
+from pathlib import Path
+from pe_export.api import inspect_path
+from pe_export.runners import create_runner
+assert importlib.util.find_spec("tensorflow") is None, "tensorflow is installed in the device venv"
+for path, runtime in ((Path(sys.argv[1]), "litert"), (Path(sys.argv[2]), "onnxruntime")):
+    summary = inspect_path(path)
+    with create_runner(runtime, path) as runner:
+        feed = {s.name: np.ones((2, 8), np.int32) for s in runner.input_specs()}
+        out = runner.infer(feed)
+    print(path.suffix, sum(summary.op_counts.values()), "ops", {k: v.shape for k, v in out.items()})
+assert "tensorflow" not in sys.modules
+print("tensorflow imported:", "tensorflow" in sys.modules)
+"""
+
+
+def _run(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="session")
+def device_venv() -> Path:
+    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    venv = CACHE / f"device-venv-py{sys.version_info.major}{sys.version_info.minor}-{key}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        created = _run(sys.executable, "-m", "venv", venv)
+        assert created.returncode == 0, created.stderr
+        installed = _run(python, "-m", "pip", "install", "-q", f"{REPO}[device]")
+        assert installed.returncode == 0, installed.stderr[-2000:]
+    else:  # refresh only our own code
+        installed = _run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", REPO)
+        assert installed.returncode == 0, installed.stderr[-2000:]
+    return venv
+
+
+def test_device_extra_pulls_no_tensorflow(device_venv: Path) -> None:
+    listed = _run(device_venv / "bin" / "python", "-m", "pip", "list", "--format=freeze")
+    packages = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
+    assert {"ai-edge-litert", "onnxruntime", "onnx", "numpy", "click", "pe-export"} <= packages
+    assert not {p for p in packages if p.startswith(("tensorflow", "tf-", "keras", "tf2onnx"))}
+
+
+def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, tmp_path: Path) -> None:
+    tflite, onnx = tmp_path / "m.tflite", tmp_path / "m.onnx"
+    export_tflite(saved_model("encoder_dynamic"), tflite, ExportOptions(verify=False))
+    export_onnx(saved_model("encoder_dynamic"), onnx, ExportOptions(verify=False))
+
+    for path in (tflite, onnx):
+        cli = _run(device_venv / "bin" / "pe-export", "inspect", path)
+        assert cli.returncode == 0, cli.stderr
+        assert "signature" in cli.stdout and "runs on:" in cli.stdout
+
+    script = tmp_path / "device_check.py"
+    script.write_text(DEVICE_SCRIPT)
+    checked = _run(device_venv / "bin" / "python", script, tflite, onnx)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    assert "tensorflow imported: False" in checked.stdout
+    assert "'sequence_output': (2, 8, 32)" in checked.stdout
+
+    refused = _run(
+        device_venv / "bin" / "pe-export", "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "x.tflite"
+    )
+    assert refused.returncode == 3  # conversion needs the convert extra: said in one line
+    assert "pip install 'pe-export[convert]'" in refused.stderr and "Traceback" not in refused.stderr
