@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -120,5 +121,11 @@ def _dynamic_int8(model: Any) -> Any:
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         source, target = Path(work) / "float.onnx", Path(work) / "int8.onnx"
         onnx.save(model, str(source))
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on every call
+        try:
+            quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
         return onnx.load(str(target))

@@ -119,6 +119,31 @@ def inspect(path: Path, signature: str | None) -> int:
     return ExitCode.OK
 
 
+@cli.command()
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Folder for the demo's files.")
+@click.pass_context
+def demo(ctx: click.Context, out: Path | None) -> int:
+    """Export the bundled reference encoder to TFLite and ONNX (fp32, fp16, int8) and verify each."""
+    from pe_export.demo import DEFAULT_DEMO_DIR, run_demo
+
+    def progress(message: str) -> None:
+        click.echo(f"… {message}", err=True)
+
+    result = run_demo(out or DEFAULT_DEMO_DIR, progress=progress, quiet=not ctx.obj["verbose"])
+    header = f"{'variant':<20} {'file bytes':>11} {'const bytes':>11} {'max abs err':>12} {'cosine':>10}  verdict"
+    lines = [f"reference encoder: {result.saved_model}", header]
+    for row in result.rows():
+        error = "-" if row["max_abs_error"] is None else f"{row['max_abs_error']:.3g}"
+        cosine = "-" if row["min_cosine"] is None else f"{row['min_cosine']:.6f}"
+        lines.append(
+            f"{row['variant']:<20} {row['file_bytes']:>11,} {row['constant_bytes']:>11,} {error:>12} {cosine:>10}"
+            f"  {row['verdict']}"
+        )
+    lines.append(f"report: {result.directory / 'report.json'}")
+    click.echo("\n".join(lines))
+    return int(result.exit_code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(flag in args for flag in VERBOSE_FLAGS)

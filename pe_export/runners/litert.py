@@ -28,6 +28,7 @@ class _TFLiteRunner(Runner):
         self._interpreter: Any = None
         self._signature_runner: Any = None
         self._signature_key: str | None = None
+        self._invoked = False
 
     def _interpreter_class(self) -> Any:
         try:
@@ -68,7 +69,10 @@ class _TFLiteRunner(Runner):
         if self._signature_runner is None:
             raise RuntimeError("activate() the runner before infer()")
         try:
-            outputs = self._signature_runner(**feed)
+            # XNNPACK is applied, and announced on fd 2, at the first invocation.
+            with capture_native_output(enabled=not self._invoked):
+                outputs = self._signature_runner(**feed)
+            self._invoked = True
         except ValueError as err:
             message = str(err).strip().splitlines()[0]
             if FLEX_MESSAGE_MARKER in str(err):

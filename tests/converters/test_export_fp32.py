@@ -14,7 +14,8 @@ from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
 from pe_export.errors import ExitCode
-from tests.fixtures.models import MODEL_CASES, VOCAB
+from pe_export.reference.encoder import VOCAB
+from tests.fixtures.models import MODEL_CASES
 from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, token_feed
 
 FP32_MAX_ABS = 1e-4

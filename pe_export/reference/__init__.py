@@ -1,0 +1,1 @@
+"""Reference encoders built in code (TensorFlow side)."""
