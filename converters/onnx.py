@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.converters.options import ExportOptions
-
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
@@ -19,6 +18,7 @@ from pe_export.specs import TensorSpec
 def _import_tf2onnx() -> Any:
     try:
         import tf2onnx
+
         from pe_export.converters import tf2onnx_handlers  # noqa: F401  (registers handlers)
     except ImportError as err:
         raise missing_extra("tf2onnx", "convert") from err
@@ -58,7 +58,24 @@ def convert_onnx(
         model = _dynamic_int8(model)
     if options.quantize != "none":
         check_onnx_model(model, f"{options.quantize} model")
-    return model.SerializeToString(), log.text
+    data = model.SerializeToString()
+    check_onnxruntime_loads(data)
+    return data, log.text
+
+
+def check_onnxruntime_loads(data: bytes) -> None:
+    """The checker accepts models onnxruntime cannot build a session for; try it (when installed)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own exception types
+        first = str(err).strip().splitlines()[0]
+        raise ConversionError(f"onnxruntime cannot load the exported model: {first}") from err
 
 
 def check_onnx_model(model: Any, what: str) -> None:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from pe_export.converters.options import ExportOptions
 
+from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
 from pe_export.native import capture_native_output, import_tensorflow

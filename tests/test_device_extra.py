@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.options import ExportOptions
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.reference.encoder import VOCAB
 from tests.fixtures.models import MODEL_CASES
@@ -107,3 +107,22 @@ def test_fixed_model_keeps_fixed_length_and_dynamic_model_stays_dynamic(saved_mo
     out = litert_outputs(tmp_path / "d.tflite", feed)
     assert out["sequence_output"].shape == (2, 40, 32)
     assert np.isfinite(out["sequence_output"]).all()
+
+
+def test_onnx_that_onnxruntime_cannot_load_is_a_conversion_error() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from pe_export.converters.onnx import check_onnxruntime_loads
+    from pe_export.errors import ConversionError
+
+    # Valid for onnx.checker (the op is in a custom domain) but no kernel exists for it.
+    node = helper.make_node("NoSuchKernel", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.checker.check_model(model)
+    with pytest.raises(ConversionError, match="onnxruntime cannot load"):
+        check_onnxruntime_loads(model.SerializeToString())

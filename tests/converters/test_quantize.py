@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pe_export.converters.options import ExportOptions
 
 from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 
