@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 
@@ -105,8 +104,3 @@ def converter_error_summary(error: Exception) -> str:
     ops = sorted({op.strip() for m in _OPS_LINE.finditer(text) for op in m.group(1).split(",")})
     head = errors[0] if errors else (text.strip().splitlines() or [type(error).__name__])[0]
     return head + (f" (ops it could not convert: {', '.join(ops)})" if ops else "")
-
-
-def tensorflow_version() -> str:
-    tf: Any = import_tensorflow()
-    return str(tf.__version__)

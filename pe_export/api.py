@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from pe_export.parity.check import ParityResult, compare_runners
 from pe_export.parity.tolerances import tolerance_for
 from pe_export.runners import create_runner, runners_for_file
 from pe_export.specs import TensorSpec, concrete_shape
+
+if TYPE_CHECKING:
+    from pe_export.savedmodel import LoadedSavedModel
 
 # Which module each file runner needs, to pick the first installed one for the post-export check.
 _RUNNER_MODULES = {
@@ -47,7 +51,6 @@ class ExportReport:
     parity: ParityResult | None = None
     unverified_reason: str | None = None
     converter_log: str = ""
-    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -127,7 +130,7 @@ class _Job:
     source: Path
     output: Path
     options: ExportOptions
-    loaded: object
+    loaded: LoadedSavedModel
     signature: str
     specs: list[TensorSpec]
     bounds: dict[str, int]
@@ -211,7 +214,7 @@ def verify_export(job: _Job, runner_name: str) -> ParityResult:
 
     precision = PRECISION_OF_QUANTIZE[job.options.quantize]
     feeds, valid = verification_feeds(job.specs, job.bounds)
-    reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)  # type: ignore[arg-type]
+    reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, job.output) as candidate:
         return compare_runners(
             reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision), valid=valid

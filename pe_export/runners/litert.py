@@ -27,7 +27,6 @@ class _TFLiteRunner(Runner):
         self.signature = signature
         self._interpreter: Any = None
         self._signature_runner: Any = None
-        self._signature_key: str | None = None
         self._invoked = False
 
     def _interpreter_class(self) -> Any:
@@ -53,7 +52,6 @@ class _TFLiteRunner(Runner):
         key = self.signature or next(iter(signatures))
         if key not in signatures:
             raise BadInputError(f"signature {key!r} is not in {self.model_path.name}; it has: {', '.join(signatures)}")
-        self._signature_key = key
         self._signature_runner = self._interpreter.get_signature_runner(key)
 
     def _load_error(self, err: Exception) -> Exception:
