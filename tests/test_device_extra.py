@@ -89,3 +89,31 @@ def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, tmp_
     )
     assert refused.returncode == 3  # conversion needs the convert extra: said in one line
     assert "pip install 'pe-export[convert]'" in refused.stderr and "Traceback" not in refused.stderr
+
+
+DEVICE_PLATFORMS = {
+    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux2014_aarch64", "manylinux_2_17_aarch64"],
+    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"],
+}
+
+
+@pytest.mark.parametrize(("python", "arch"), [("3.10", "aarch64"), ("3.11", "aarch64"), ("3.10", "x86_64")])
+def test_device_extra_resolves_to_wheels(python: str, arch: str, tmp_path: Path) -> None:
+    """JetPack 6 is Python 3.10 on aarch64: every device dependency must have a wheel there."""
+    import json
+
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + project["optional-dependencies"]["device"]
+    platforms = [arg for platform in DEVICE_PLATFORMS[arch] for arg in ("--platform", platform)]
+    report = tmp_path / "report.json"
+    resolved = _run(
+        sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--ignore-installed", "--only-binary=:all:",
+        "--python-version", python, *platforms, "--target", tmp_path / "target", "--report", report, *requirements,
+        timeout=300,
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr[-1500:]
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"ai-edge-litert", "onnxruntime", "onnx", "numpy", "click"} <= names
+    assert not any(name.startswith(("tensorflow", "keras", "tf2onnx")) for name in names)
