@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,19 +23,12 @@ from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult, compare_runners
 from pe_export.parity.tolerances import tolerance_for
-from pe_export.runners import create_runner, runners_for_file
+from pe_export.provenance import embed_onnx_metadata, embed_tflite_metadata, provenance_entries
+from pe_export.runners import create_runner, first_installed_runner
 from pe_export.specs import TensorSpec, concrete_shape
 
 if TYPE_CHECKING:
     from pe_export.savedmodel import LoadedSavedModel
-
-# Which module each file runner needs, to pick the first installed one for the post-export check.
-_RUNNER_MODULES = {
-    "litert": "ai_edge_litert",
-    "tflite-runtime": "tflite_runtime",
-    "tflite-tf": "tensorflow",
-    "onnxruntime": "onnxruntime",
-}
 
 
 @dataclass
@@ -89,6 +81,7 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
             yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
 
     data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet)
+    data = embed_tflite_metadata(data, job.provenance)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log)
 
@@ -99,7 +92,10 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
     data, log = convert_onnx(job.loaded, job.specs, options, quiet=quiet)
-    summary = summarize_onnx_model(import_onnx().load_from_string(data), Path(output), len(data))
+    model = import_onnx().load_from_string(data)
+    embed_onnx_metadata(model, job.provenance)
+    data = model.SerializeToString()
+    summary = summarize_onnx_model(model, Path(output), len(data))
     return _finish(job, data, summary, log)
 
 
@@ -134,6 +130,7 @@ class _Job:
     signature: str
     specs: list[TensorSpec]
     bounds: dict[str, int]
+    provenance: dict[str, str]
 
 
 def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
@@ -142,6 +139,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
         frozen_graph_def,
         integer_input_bounds,
         load_savedmodel,
+        savedmodel_digest,
         signature_input_specs,
         wrap_signature,
     )
@@ -156,9 +154,11 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     if any(spec.is_integer for spec in specs):
         graph = frozen_graph_def(wrap_signature(signature, specs))
         bounds = integer_input_bounds(graph, [spec.name for spec in specs])
-    return _Job(
-        target, saved_model, output, options, loaded, loaded.resolve_signature_name(options.signature), specs, bounds
+    signature_name = loaded.resolve_signature_name(options.signature)
+    provenance = provenance_entries(
+        savedmodel_digest(saved_model), PRECISION_OF_QUANTIZE[options.quantize], signature_name
     )
+    return _Job(target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance)
 
 
 def _feed(
@@ -181,13 +181,6 @@ def verification_feeds(
     return feeds, valid
 
 
-def installed_runner_for(path: Path) -> str | None:
-    for name in runners_for_file(path):
-        if importlib.util.find_spec(_RUNNER_MODULES.get(name, name)) is not None:
-            return name
-    return None
-
-
 def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportReport:
     atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
     report = ExportReport(
@@ -196,7 +189,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportRe
     if not job.options.verify:
         return report
     runnable = [v for v in summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
-    runner_name = installed_runner_for(job.output)
+    runner_name = first_installed_runner(job.output)
     if not runnable:
         report.unverified_reason = f"no pip runtime runs it ({summary.runs_on[0].why})"
         return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -11,8 +12,17 @@ from typing import Any
 import click
 
 from pe_export import __version__
-from pe_export.constants import DEFAULT_ONNX_OPSET, ONNX_QUANTIZE_MODES, TFLITE_QUANTIZE_MODES
-from pe_export.errors import EXIT_CODE_MEANINGS, ExitCode, PeExportError
+from pe_export.constants import (
+    DEFAULT_ONNX_OPSET,
+    GOLDEN_BATCH,
+    GOLDEN_SAMPLES,
+    ONNX_QUANTIZE_MODES,
+    TFLITE_QUANTIZE_MODES,
+)
+from pe_export.errors import EXIT_CODE_MEANINGS, ExitCode, ParityError, PeExportError
+from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 VERBOSE_FLAGS = ("--verbose", "-v")
@@ -116,6 +126,87 @@ def inspect(path: Path, signature: str | None) -> int:
     from pe_export.report import format_summary
 
     click.echo("\n".join(format_summary(inspect_path(path, signature))))
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("saved_model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Bundle directory to write.")
+@click.option("--signature", default=None, help="SavedModel signature (default: serving_default).")
+@click.option("--samples", type=int, default=GOLDEN_SAMPLES, show_default=True, help="Samples to generate.")
+@click.option("--batch", type=int, default=GOLDEN_BATCH, show_default=True, help="Samples per stored batch.")
+@click.option("--seq-len", type=int, default=None, help="Sequence length (default: the model's, else 16).")
+@click.option("--inputs", type=click.Path(path_type=Path), default=None, help="Your own inputs (.npz by name).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
+def golden(saved_model: Path, output: Path, **values: Any) -> int:
+    """Write a golden bundle: representative inputs and SAVED_MODEL's float32 outputs."""
+    from pe_export.golden import GoldenOptions, make_golden
+
+    result = make_golden(saved_model, output, GoldenOptions(**values))
+    click.echo(
+        f"OK: wrote {result.path} ({result.samples} samples in {result.batches} batches, {result.bytes:,} B, "
+        f"model digest {result.digest[:12]}…)"
+    )
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option(
+    "--runtime", default=None, help="litert, tflite-runtime, tflite-tf or onnxruntime (default: first installed)."
+)
+@click.option(
+    "--providers",
+    default=",".join(DEFAULT_PROVIDERS),
+    show_default=True,
+    help="onnxruntime providers in order: tensorrt,cuda,cpu.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(list(DEFAULT_TOLERANCES)),
+    default=None,
+    help="Tolerance set (default: stamped in the file, else fp32).",
+)
+@click.option("--atol", multiple=True, help="Absolute tolerance, for all outputs or OUTPUT:VALUE. Repeatable.")
+@click.option("--rtol", multiple=True, help="Relative tolerance, for all outputs or OUTPUT:VALUE. Repeatable.")
+@click.option("--ignore-digest", is_flag=True, help="Compare even if the bundle was made from another model.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the full report.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of error by position.")
+@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, help="Seconds per runtime call.")
+@click.option("--threads", type=int, default=None, help="Runtime threads.")
+def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, **values: Any) -> int:
+    """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
+    from pe_export.fileio import atomic_write_bytes
+    from pe_export.parity.harness import ParityOptions, check_parity
+    from pe_export.parity.tolerances import parse_overrides
+    from pe_export.report import format_parity_report
+
+    atol, output_atol = parse_overrides(values["atol"], "--atol")
+    rtol, output_rtol = parse_overrides(values["rtol"], "--rtol")
+    options = ParityOptions(
+        runtime=values["runtime"],
+        providers=tuple(p for p in values["providers"].split(",") if p),
+        precision=values["precision"],
+        atol=atol,
+        rtol=rtol,
+        output_atol=output_atol,
+        output_rtol=output_rtol,
+        ignore_digest=values["ignore_digest"],
+        timeout_s=values["timeout"],
+        threads=values["threads"],
+    )
+    report = check_parity(model, bundle, options)
+    click.echo("\n".join(format_parity_report(report)))
+    if json_path:
+        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=True)
+    if plot:
+        from pe_export.parity.plot import write_profile_plot
+
+        write_profile_plot([(model.name, report)], plot)
+    if not report.passed:
+        raise ParityError(report.failure_message())
     return ExitCode.OK
 
 

@@ -26,3 +26,8 @@ CALIBRATION_SAMPLES = 32
 
 MAX_SEQ_LEN = 1 << 20  # a sequence-length option beyond this is a typo, not a model
 MAX_BATCH = 1 << 16
+
+# Golden bundles.
+GOLDEN_SAMPLES = 16
+GOLDEN_BATCH = 4
+GOLDEN_SEQ_LEN = 16

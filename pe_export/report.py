@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult
+from pe_export.parity.harness import ParityReport
 
 TOP_OPS_SHOWN = 12
 
@@ -16,6 +17,9 @@ def format_summary(summary: ModelSummary) -> list[str]:
     lines = [f"{summary.path}  [{summary.format}, {human_bytes(summary.file_bytes)}]"]
     for key, value in summary.details.items():
         lines.append(f"  {key}: {value}")
+    for key, value in summary.metadata.items():
+        if key.startswith("pe_export.") or key == "min_runtime_version":
+            lines.append(f"  {key}: {value}")
     for signature in summary.signatures:
         lines.append(f"  signature {signature.name}")
         lines.extend(f"    in   {spec.describe()}" for spec in signature.inputs)
@@ -51,4 +55,40 @@ def format_parity(result: ParityResult) -> list[str]:
                 f"{m.cosine:>10.7f}  {'yes' if m.within_tolerance else 'NO'}"
                 + (f"  (NaN {m.nan_count}, Inf {m.inf_count})" if m.nan_count or m.inf_count else "")
             )
+    return lines
+
+
+def _profile_line(profile: tuple[float, ...]) -> str:
+    """Where along the sequence the error sits: peak position and the spread across positions."""
+    values = [(i, v) for i, v in enumerate(profile) if v == v]  # NaN: position never valid
+    if not values:
+        return "no valid positions"
+    peak, peak_value = max(values, key=lambda item: item[1])
+    ordered = sorted(v for _, v in values)
+    median = ordered[len(ordered) // 2]
+    return f"peak {peak_value:.3g} at position {peak}, median over positions {median:.3g}"
+
+
+def format_parity_report(report: ParityReport) -> list[str]:
+    lines = [
+        f"parity: {report.model} vs {report.bundle} ({report.samples} samples) on {report.runtime}, "
+        f"precision {report.precision}, model digest {report.digest}",
+        f"  {'output':<18} {'max abs':>10} {'mean abs':>10} {'max rel':>10} {'cosine':>10} {'argmax':>7} "
+        f"{'over tol':>9}  {'atol':>7} {'rtol':>7}  ok",
+    ]
+    for m in report.outputs:
+        tol = report.tolerances[m.name]
+        argmax = "-" if m.argmax_agreement is None else f"{m.argmax_agreement:.3f}"
+        lines.append(
+            f"  {m.name:<18} {m.max_abs:>10.3g} {m.mean_abs:>10.3g} {m.max_rel:>10.3g} {m.cosine:>10.7f} {argmax:>7} "
+            f"{m.violations:>9}  {tol.atol:>7g} {tol.rtol:>7g}  {'yes' if m.within_tolerance else 'NO'}"
+            + (f"  NaN {m.nan_count} Inf {m.inf_count}" if m.nan_count or m.inf_count else "")
+        )
+    for m in report.outputs:
+        if m.position_max_abs:
+            lines.append(f"  {m.name} by position: {_profile_line(m.position_max_abs)}")
+    lines.append(
+        f"  time: load {report.load_s:.2f} s, first result {report.first_result_s:.2f} s, total {report.total_s:.2f} s"
+    )
+    lines.append("PASS" if report.passed else "FAIL")
     return lines

@@ -73,6 +73,10 @@ class Table:
             result.append(Table(self.data, where + _unpack(self.data, "<I", where)[0]))
         return result
 
+    def byte_vector(self, index: int) -> bytes:
+        start, length = self.vector_length(index)
+        return _slice(self.data, start, length)
+
     def byte_vector_length(self, index: int) -> int:
         start, length = self.vector_length(index)
         _slice(self.data, start, length)

@@ -99,6 +99,7 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
         custom_ops=bad,
         runs_on=onnx_verdicts(bad, domains),
         details={"opset": opsets, "producer": f"{model.producer_name} {model.producer_version}".strip()},
+        metadata={prop.key: prop.value for prop in model.metadata_props},
     )
 
 

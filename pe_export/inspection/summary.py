@@ -45,6 +45,7 @@ class ModelSummary:
     custom_ops: list[str] = field(default_factory=list)
     runs_on: list[RuntimeVerdict] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)  # provenance stamped by pe-export, among others
 
     @property
     def constant_bytes(self) -> int:

@@ -32,7 +32,9 @@ _ITEMSIZE = {
 }
 
 # Field indices from the TFLite schema (schema.fbs).
-MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_BUFFERS, MODEL_SIGNATURE_DEFS = 1, 2, 4, 7
+MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_BUFFERS, MODEL_METADATA, MODEL_SIGNATURE_DEFS = 1, 2, 4, 6, 7
+METADATA_NAME, METADATA_BUFFER = 0, 1
+MAX_METADATA_BYTES = 1 << 16  # larger entries (e.g. TFLite support metadata) are listed, not read
 OPCODE_DEPRECATED_BUILTIN, OPCODE_CUSTOM, OPCODE_BUILTIN = 0, 1, 3
 SUBGRAPH_TENSORS, SUBGRAPH_OPERATORS = 0, 3
 TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_SHAPE_SIGNATURE = 0, 1, 2, 3, 7
@@ -69,10 +71,23 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         model = root_table(data)
         names = op_names(model)
         subgraphs = model.tables(MODEL_SUBGRAPHS)
+        buffers = model.tables(MODEL_BUFFERS)
         buffer_sizes = [
-            buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q"))
-            for buffer in model.tables(MODEL_BUFFERS)
+            buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q")) for buffer in buffers
         ]
+        metadata = {}
+        metadata_buffers = set()
+        for entry in model.tables(MODEL_METADATA):
+            index = int(entry.scalar(METADATA_BUFFER, "I"))
+            if index >= len(buffers):
+                raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
+            metadata_buffers.add(index)
+            size = buffer_sizes[index]
+            metadata[entry.string(METADATA_NAME)] = (
+                buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
+                if size <= MAX_METADATA_BYTES
+                else f"<{size} bytes>"
+            )
         op_counts: Counter[str] = Counter()
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []
@@ -84,7 +99,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
                 op_counts[names[index] if index < len(names) else f"OPCODE_{index}"] += 1
             for tensor in tensors:
                 buffer = int(tensor.scalar(TENSOR_BUFFER, "I"))
-                if 0 < buffer < len(buffer_sizes) and buffer_sizes[buffer] > 0:
+                if 0 < buffer < len(buffer_sizes) and buffer_sizes[buffer] > 0 and buffer not in metadata_buffers:
                     spec = _tensor_spec(tensor, tensor.string(TENSOR_NAME))
                     constants.append(
                         ConstantInfo(spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer])
@@ -122,6 +137,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         custom_ops=custom,
         runs_on=tflite_verdicts(flex, custom),
         details={"subgraphs": str(len(subgraphs))},
+        metadata=metadata,
     )
 
 

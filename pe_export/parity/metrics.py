@@ -1,4 +1,9 @@
-"""Error statistics for one output against its reference."""
+"""Error statistics for one output against its reference, accumulated batch by batch.
+
+Accumulating keeps memory bounded when a bundle is streamed; a single comparison is one
+update. Padded positions (``valid`` False) are left out of every statistic: nothing
+downstream reads what an encoder computes there.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import numpy as np
 from pe_export.parity.tolerances import Tolerance
 
 _TINY = 1e-12
+# Outputs whose last axis is a class or vocabulary axis, recognised by name.
+CLASS_AXIS_WORDS = ("logit", "prob", "score", "class")
 
 
 @dataclass(frozen=True)
@@ -24,54 +31,114 @@ class OutputMetrics:
     inf_count: int
     worst_index: tuple[int, ...]
     within_tolerance: bool
+    compared: int = 0  # elements compared (padding excluded)
+    violations: int = 0  # elements over atol + rtol·|expected|
+    argmax_agreement: float | None = None
+    position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def has_class_axis(name: str) -> bool:
+    return any(word in name.lower() for word in CLASS_AXIS_WORDS)
+
+
+class OutputAccumulator:
+    """Running statistics for one output across batches."""
+
+    def __init__(self, name: str, tolerance: Tolerance, *, argmax: bool | None = None) -> None:
+        self.name = name
+        self.tolerance = tolerance
+        self.argmax = has_class_axis(name) if argmax is None else argmax
+        self.shape: tuple[int, ...] = ()
+        self.compared = 0
+        self.sum_abs = 0.0
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.worst_index: tuple[int, ...] = ()
+        self.dot = self.norm_actual = self.norm_expected = 0.0
+        self.nan_count = self.inf_count = self.violations = 0
+        self.argmax_equal = self.argmax_total = 0
+        self.position_max: np.ndarray | None = None
+        self.samples = 0
+
+    def update(self, actual: np.ndarray, expected: np.ndarray, valid: np.ndarray | None = None) -> None:
+        a = np.asarray(actual, dtype=np.float64)
+        e = np.asarray(expected, dtype=np.float64)
+        if a.shape != e.shape:
+            raise ValueError(f"output {self.name!r}: shape {a.shape} does not match reference {e.shape}")
+        sequence_mask = valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape
+        if sequence_mask:
+            include = np.broadcast_to(valid.reshape(valid.shape + (1,) * (a.ndim - 2)), a.shape)
+        else:
+            include = np.ones(a.shape, dtype=bool)
+        nan = np.isnan(a) & include
+        inf = np.isinf(a) & include
+        finite = include & ~nan & ~inf
+        error = np.abs(a - e)
+        self.nan_count += int(nan.sum())
+        self.inf_count += int(inf.sum())
+        self.compared += int(include.sum())
+        self.sum_abs += float(error[finite].sum())
+        allowed = self.tolerance.atol + self.tolerance.rtol * np.abs(e)
+        self.violations += int(((error > allowed) & finite).sum()) + int(nan.sum() + inf.sum())
+        if finite.any():
+            masked = np.where(finite, error, -1.0)
+            flat = int(np.argmax(masked))
+            if masked.flat[flat] > self.max_abs or not self.worst_index:
+                self.max_abs = max(self.max_abs, float(masked.flat[flat]))
+                index = np.unravel_index(flat, a.shape)
+                self.worst_index = (self.samples + int(index[0]), *(int(i) for i in index[1:])) if a.ndim else ()
+            self.max_rel = max(self.max_rel, float((error[finite] / np.maximum(np.abs(e[finite]), _TINY)).max()))
+            self.dot += float((a[finite] * e[finite]).sum())
+            self.norm_actual += float((a[finite] ** 2).sum())
+            self.norm_expected += float((e[finite] ** 2).sum())
+        if self.argmax and a.ndim >= 2:
+            agree = np.argmax(a, axis=-1) == np.argmax(e, axis=-1)
+            rows = valid if sequence_mask and a.ndim >= 3 else np.ones(agree.shape, dtype=bool)
+            self.argmax_equal += int((agree & rows).sum())
+            self.argmax_total += int(rows.sum())
+        if sequence_mask:
+            per_position = np.where(finite, error, 0.0).reshape(a.shape[0], a.shape[1], -1).max(axis=(0, 2))
+            per_position = np.where(valid.any(axis=0), per_position, np.nan)
+            self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
+        self.shape = a.shape[1:]
+        self.samples += a.shape[0] if a.ndim else 1
+
+    @property
+    def cosine(self) -> float:
+        if self.nan_count or self.inf_count:
+            return float("nan")
+        norms = np.sqrt(self.norm_actual) * np.sqrt(self.norm_expected)
+        if norms == 0:
+            return 1.0 if self.norm_actual == self.norm_expected else 0.0
+        return float(self.dot / norms)
+
+    def result(self) -> OutputMetrics:
+        cosine = self.cosine
+        return OutputMetrics(
+            name=self.name,
+            shape=(self.samples, *self.shape),
+            max_abs=self.max_abs,
+            mean_abs=self.sum_abs / max(1, self.compared - self.nan_count - self.inf_count),
+            max_rel=self.max_rel,
+            cosine=cosine,
+            nan_count=self.nan_count,
+            inf_count=self.inf_count,
+            worst_index=self.worst_index,
+            within_tolerance=bool(self.violations == 0 and cosine >= self.tolerance.min_cosine),
+            compared=self.compared,
+            violations=self.violations,
+            argmax_agreement=self.argmax_equal / self.argmax_total if self.argmax_total else None,
+            position_max_abs=None if self.position_max is None else tuple(float(x) for x in self.position_max),
+        )
+
+
 def compare_output(
     name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance, valid: np.ndarray | None = None
 ) -> OutputMetrics:
-    """Statistics of ``actual`` against ``expected``; shapes must already match.
-
-    ``valid`` ([batch, seq] booleans) drops padded positions from outputs that have a
-    sequence axis: what an encoder computes at a padded position is never consumed.
-    """
-    actual64 = np.asarray(actual, dtype=np.float64)
-    expected64 = np.asarray(expected, dtype=np.float64)
-    if actual64.shape != expected64.shape:
-        raise ValueError(f"output {name!r}: shape {actual64.shape} does not match reference {expected64.shape}")
-    if valid is not None and actual64.shape[:2] == valid.shape:
-        actual64, expected64 = actual64[valid], expected64[valid]
-    nan_count = int(np.isnan(actual64).sum())
-    inf_count = int(np.isinf(actual64).sum())
-    error = np.abs(actual64 - expected64)
-    finite = np.isfinite(error)
-    safe_error = np.where(finite, error, np.inf)
-    if error.size == 0:
-        return OutputMetrics(name, actual64.shape, 0.0, 0.0, 0.0, 1.0, 0, 0, (), True)
-    worst = np.unravel_index(int(np.argmax(safe_error)), error.shape)
-    relative = safe_error / np.maximum(np.abs(expected64), _TINY)
-    flat_a, flat_e = actual64.ravel(), expected64.ravel()
-    if finite.all():
-        norms = np.linalg.norm(flat_a) * np.linalg.norm(flat_e)
-        cosine = float(np.dot(flat_a, flat_e) / norms) if norms > 0 else float(np.array_equal(flat_a, flat_e))
-    else:
-        cosine = float("nan")
-    within = bool(
-        finite.all()
-        and np.all(error <= tolerance.atol + tolerance.rtol * np.abs(expected64))
-        and cosine >= tolerance.min_cosine
-    )
-    return OutputMetrics(
-        name=name,
-        shape=tuple(int(d) for d in actual64.shape),
-        max_abs=float(np.max(safe_error)),
-        mean_abs=float(np.mean(np.where(finite, error, 0.0))),
-        max_rel=float(np.max(relative)),
-        cosine=cosine,
-        nan_count=nan_count,
-        inf_count=inf_count,
-        worst_index=tuple(int(i) for i in worst),
-        within_tolerance=within,
-    )
+    """One comparison: statistics of ``actual`` against ``expected`` (shapes must match)."""
+    accumulator = OutputAccumulator(name, tolerance)
+    accumulator.update(actual, expected, valid)
+    return accumulator.result()

@@ -38,3 +38,24 @@ def tolerance_for(precision: str) -> Tolerance:
     if precision not in DEFAULT_TOLERANCES:
         raise BadInputError(f"unknown precision {precision!r}; expected one of: {', '.join(DEFAULT_TOLERANCES)}")
     return DEFAULT_TOLERANCES[precision]
+
+
+def parse_overrides(values: tuple[str, ...] | list[str], flag: str) -> tuple[float | None, dict[str, float]]:
+    """``--atol 1e-3`` sets every output, ``--atol logits:1e-3`` one output; returns (global, per output)."""
+    overall: float | None = None
+    per_output: dict[str, float] = {}
+    for value in values:
+        name, _, number = value.rpartition(":")
+        try:
+            parsed = float(number)
+        except ValueError:
+            raise BadInputError(
+                f"{flag} {value!r} is not a number; expected {flag} 1e-3 or {flag} OUTPUT:1e-3"
+            ) from None
+        if not parsed >= 0:
+            raise BadInputError(f"{flag} {value!r} is negative or NaN; expected a tolerance ≥ 0")
+        if name:
+            per_output[name] = parsed
+        else:
+            overall = parsed
+    return overall, per_output

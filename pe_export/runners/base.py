@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ class Runner(ABC):
 
     name: ClassVar[str]
     file_suffixes: ClassVar[tuple[str, ...]]
+    backend_module: ClassVar[str] = ""  # top-level module the runtime needs
 
     def __init__(self, model_path: Path, *, threads: int | None = None, **options: Any) -> None:
         self.model_path = Path(model_path)
@@ -85,6 +87,14 @@ def runners_for_file(path: Path) -> list[str]:
     """Runner names that accept this file, in registration (preference) order."""
     suffix = Path(path).suffix.lower()
     return [name for name, cls in _REGISTRY.items() if suffix in cls.file_suffixes]
+
+
+def first_installed_runner(path: Path) -> str | None:
+    """The first runner for this file whose backend module is installed (found, not imported)."""
+    for name in runners_for_file(path):
+        if importlib.util.find_spec(_REGISTRY[name].backend_module) is not None:
+            return name
+    return None
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:

@@ -96,6 +96,7 @@ class _TFLiteRunner(Runner):
 
 @register_runner("litert", (".tflite",))
 class LiteRTRunner(_TFLiteRunner):
+    backend_module = "ai_edge_litert"
     module = "ai_edge_litert.interpreter"
     package = "ai-edge-litert"
     extra = "device"
@@ -103,6 +104,7 @@ class LiteRTRunner(_TFLiteRunner):
 
 @register_runner("tflite-runtime", (".tflite",))
 class TFLiteRuntimeRunner(_TFLiteRunner):
+    backend_module = "tflite_runtime"
     module = "tflite_runtime.interpreter"
     package = "tflite-runtime"
     extra = "tflite-runtime"
@@ -110,6 +112,7 @@ class TFLiteRuntimeRunner(_TFLiteRunner):
 
 @register_runner("tflite-tf", (".tflite",))
 class TensorFlowLiteRunner(_TFLiteRunner):
+    backend_module = "tensorflow"
     module = "tensorflow.lite"
     package = "tensorflow"
     extra = "convert"

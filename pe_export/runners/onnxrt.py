@@ -42,6 +42,8 @@ def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
 
 @register_runner("onnxruntime", (".onnx",))
 class OnnxRuntimeRunner(Runner):
+    backend_module = "onnxruntime"
+
     def __init__(self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.providers = resolve_providers(providers)

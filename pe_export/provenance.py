@@ -1,0 +1,52 @@
+"""Provenance stamped into every exported file: which SavedModel it came from, at what precision.
+
+A golden bundle records the SavedModel's digest; `pe-export parity` compares it with the
+digest stamped in the file, so a bundle is refused for another model. TFLite keeps the
+entries in the flatbuffer's metadata table, ONNX in ``metadata_props``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pe_export import __version__
+
+SOURCE_DIGEST = "pe_export.source_digest"
+PRECISION = "pe_export.precision"
+SIGNATURE = "pe_export.signature"
+VERSION = "pe_export.version"
+
+
+def provenance_entries(digest: str, precision: str, signature: str) -> dict[str, str]:
+    return {SOURCE_DIGEST: digest, PRECISION: precision, SIGNATURE: signature, VERSION: __version__}
+
+
+def embed_tflite_metadata(data: bytes, entries: dict[str, str]) -> bytes:
+    """Add metadata entries to a .tflite flatbuffer (conversion side: uses TF's flatbuffer tools)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    model.metadata = [m for m in (model.metadata or []) if _decode(m.name) not in entries]
+    for name, value in entries.items():
+        buffer = schema.BufferT()
+        buffer.data = list(value.encode())
+        model.buffers.append(buffer)
+        metadata = schema.MetadataT()
+        metadata.name = name
+        metadata.buffer = len(model.buffers) - 1
+        model.metadata.append(metadata)
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def embed_onnx_metadata(model: Any, entries: dict[str, str]) -> None:
+    kept = [p for p in model.metadata_props if p.key not in entries]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in entries.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+
+
+def _decode(name: Any) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)
