@@ -25,6 +25,7 @@ from pe_export.parity.bundle import (
     OUTPUT_PREFIX,
     VALID_KEY,
     file_sha256,
+    read_npz,
 )
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.specs import TensorSpec, concrete_shape
@@ -86,14 +87,15 @@ def make_golden(
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
-    seq_len = options.seq_len or _fixed_seq_len(model_specs) or GOLDEN_SEQ_LEN
+    user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
+    seq_len = options.seq_len or _fixed_seq_len(model_specs) or _user_seq_len(user_arrays) or GOLDEN_SEQ_LEN
     specs = [_sized(spec, seq_len) for spec in model_specs]
     bounds = {}
     if any(spec.is_integer for spec in specs):
         bounds = integer_input_bounds(frozen_graph_def(wrap_signature(signature, specs)), [s.name for s in specs])
     batches = (
-        _user_batches(options.inputs, specs, options.batch)
-        if options.inputs
+        _user_batches(options.inputs, user_arrays, specs, options.batch)
+        if options.inputs and user_arrays is not None
         else _generated_batches(specs, bounds, options, seq_len)
     )
     reference = SavedModelRunner(saved_model, signature=options.signature, loaded=loaded)
@@ -173,12 +175,14 @@ def _generated_batches(
         index += 1
 
 
-def _user_batches(
-    path: Path, specs: list[TensorSpec], batch: int
-) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    from pe_export.parity.bundle import _read_npz
+def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:
+    lengths = {array.shape[1] for array in (arrays or {}).values() if array.ndim > 1}
+    return lengths.pop() if len(lengths) == 1 else None
 
-    arrays = _read_npz(Path(path))
+
+def _user_batches(
+    path: Path, arrays: dict[str, np.ndarray], specs: list[TensorSpec], batch: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     names = {spec.name for spec in specs}
     if set(arrays) != names:
         raise BadInputError(

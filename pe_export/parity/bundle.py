@@ -69,7 +69,7 @@ class Bundle:
             raise BadInputError(f"bundle {self.path}: {entry['file']} is missing; the bundle is incomplete")
         if file_sha256(path) != entry["sha256"]:
             raise BadInputError(f"bundle {self.path}: {entry['file']} does not match its sha256 in the manifest")
-        arrays = _read_npz(path)
+        arrays = read_npz(path)
         inputs = {k[len(INPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(INPUT_PREFIX)}
         outputs = {k[len(OUTPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(OUTPUT_PREFIX)}
         if VALID_KEY not in arrays:
@@ -107,7 +107,7 @@ def _check_array(where: Path, kind: str, spec: TensorSpec, array: np.ndarray, sa
         )
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
+def read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {key: archive[key] for key in archive.files}
