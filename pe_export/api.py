@@ -17,7 +17,7 @@ from pe_export.constants import (
     VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.errors import ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import atomic_write_bytes, check_output_path
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
@@ -97,27 +97,6 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
     data = model.SerializeToString()
     summary = summarize_onnx_model(model, Path(output), len(data))
     return _finish(job, data, summary, log)
-
-
-def inspect_path(path: Path, signature: str | None = None) -> ModelSummary:
-    """Summarize a .tflite, .onnx or SavedModel directory. Files need no TensorFlow."""
-    path = Path(path)
-    if not path.exists():
-        raise BadInputError(f"{path} does not exist; expected a .tflite file, a .onnx file or a SavedModel dir")
-    if path.is_dir():
-        from pe_export.inspection.savedmodel_info import summarize_savedmodel
-
-        return summarize_savedmodel(path, signature)
-    suffix = path.suffix.lower()
-    if suffix == ".tflite":
-        from pe_export.inspection.tflite_file import summarize_tflite
-
-        return summarize_tflite(path)
-    if suffix == ".onnx":
-        from pe_export.inspection.onnx_file import summarize_onnx
-
-        return summarize_onnx(path)
-    raise BadInputError(f"{path} is neither .tflite nor .onnx nor a directory; expected one of those")
 
 
 @dataclass

@@ -122,7 +122,7 @@ def onnx(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> 
 @click.option("--signature", default=None, help="SavedModel signature whose graph to inventory.")
 def inspect(path: Path, signature: str | None) -> int:
     """Show signatures, ops, Flex ops, largest constants and runtimes of a .tflite, .onnx or SavedModel."""
-    from pe_export.api import inspect_path
+    from pe_export.inspection import inspect_path
     from pe_export.report import format_summary
 
     click.echo("\n".join(format_summary(inspect_path(path, signature))))

@@ -17,6 +17,7 @@ import pytest
 
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
+from pe_export.golden import GoldenOptions, make_golden
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
@@ -25,7 +26,7 @@ DEVICE_SCRIPT = """
 import importlib.util, sys
 import numpy as np
 from pathlib import Path
-from pe_export.api import inspect_path
+from pe_export.inspection import inspect_path
 from pe_export.runners import create_runner
 assert importlib.util.find_spec("tensorflow") is None, "tensorflow is installed in the device venv"
 for path, runtime in ((Path(sys.argv[1]), "litert"), (Path(sys.argv[2]), "onnxruntime")):
@@ -39,8 +40,22 @@ print("tensorflow imported:", "tensorflow" in sys.modules)
 """
 
 
+PARITY_SCRIPT = """
+import sys
+from pe_export.parity.harness import assert_parity
+for model in sys.argv[1:3]:
+    assert_parity(model, sys.argv[3])  # isolated child process
+    assert_parity(model, sys.argv[3], isolate=False)  # in this process
+assert "tensorflow" not in sys.modules
+print("parity passed without tensorflow")
+"""
+
+
 def _run(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
+    # Run outside the repository, so that `python -c` cannot import the checkout instead of the install.
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False, cwd=CACHE
+    )
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +98,16 @@ def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, tmp_
     assert checked.returncode == 0, checked.stderr[-2000:]
     assert "tensorflow imported: False" in checked.stdout
     assert "'sequence_output': (2, 8, 32)" in checked.stdout
+
+    bundle = tmp_path / "golden"
+    make_golden(saved_model("encoder_dynamic"), bundle, GoldenOptions(samples=6, batch=3))
+    for path in (tflite, onnx):
+        checked = _run(device_venv / "bin" / "pe-export", "parity", path, bundle)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "model digest match" in checked.stdout and "PASS" in checked.stdout
+    library = _run(device_venv / "bin" / "python", "-c", PARITY_SCRIPT, tflite, onnx, bundle)
+    assert library.returncode == 0, library.stderr[-2000:]
+    assert "parity passed without tensorflow" in library.stdout
 
     refused = _run(
         device_venv / "bin" / "pe-export", "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "x.tflite"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.inspection import inspect_path
 from pe_export.parity.bundle import Bundle, load_bundle
 from pe_export.parity.metrics import OutputAccumulator, OutputMetrics
 from pe_export.parity.tolerances import Tolerance, tolerance_for
@@ -149,8 +150,6 @@ def assert_parity(model: Path | str, golden: Path | str, **options: Any) -> Pari
 
 
 def _summarize(model: Path) -> Any:
-    from pe_export.api import inspect_path
-
     if not model.is_file():
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
     if not runners_for_file(model):

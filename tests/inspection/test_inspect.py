@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pe_export.api import export_onnx, export_tflite, inspect_path
+from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode
+from pe_export.inspection import inspect_path
 from pe_export.inspection.tflite_schema import BUILTIN_OPERATORS, TENSOR_TYPES
 from tests.helpers import run_cli
 
