@@ -70,3 +70,42 @@ def token_feed(
 def max_abs_error(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> float:
     assert sorted(actual) == sorted(expected)
     return max(float(np.max(np.abs(actual[k] - expected[k]))) for k in expected)
+
+
+MEASURED_PARITY = """
+import json, resource, sys, time
+started = time.perf_counter()
+from pe_export.parity.harness import check_parity
+report = check_parity(sys.argv[1], sys.argv[2])
+print(json.dumps({
+    "passed": report.passed,
+    "samples": report.samples,
+    "first_result_s": report.first_result_s,
+    "total_s": report.total_s,
+    "imports_s": report.first_result_s and (time.perf_counter() - started - report.total_s),
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the forking process.
+    "parent_peak_rss_mb": next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024,
+    "child_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    "tensorflow_imported": "tensorflow" in sys.modules,
+}))
+"""
+
+
+def measured_parity(python: Path | str, model: Path, bundle: Path, cwd: Path) -> dict[str, float]:
+    """Run check_parity in a fresh process; return its figures plus the process's own wall time."""
+    import json
+    import subprocess
+    import time
+
+    started = time.perf_counter()
+    done = subprocess.run(
+        [str(python), "-c", MEASURED_PARITY, str(model), str(bundle)],
+        capture_output=True, text=True, check=False, cwd=cwd, timeout=900,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise AssertionError(done.stderr[-2000:])
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["wall_s"] = wall
+    figures["cold_start_s"] = wall - (figures["total_s"] - figures["first_result_s"])
+    return figures

@@ -1,0 +1,32 @@
+"""The documented CI example passes on a good model and fails the build on a regression."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False, env=environment,
+                          timeout=600)  # fmt: skip
+
+
+def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) -> None:
+    script = REPO / "examples" / "ci" / "export-and-check.sh"
+    good = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert (tmp_path / "out" / "parity-onnx.json").exists()
+    as_pytest = run(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPO / "examples" / "ci" / "test_parity.py",
+        env={"PE_EXPORT_MODEL": str(tmp_path / "out" / "encoder.onnx"), "PE_EXPORT_GOLDEN": str(tmp_path / "out" / "golden")},
+    )  # fmt: skip
+    assert "1 passed" in as_pytest.stdout, as_pytest.stdout
+    # A regression: demand exactness the float32 conversion cannot meet.
+    bad = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out", "--atol", "0", "--rtol", "0")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "fails parity" in bad.stderr
