@@ -21,9 +21,10 @@ def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) 
     good = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out")
     assert good.returncode == 0, good.stdout + good.stderr
     assert (tmp_path / "out" / "parity-onnx.json").exists()
+    files = {"PE_EXPORT_MODEL": tmp_path / "out" / "encoder.onnx", "PE_EXPORT_GOLDEN": tmp_path / "out" / "golden"}
     as_pytest = run(
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPO / "examples" / "ci" / "test_parity.py",
-        env={"PE_EXPORT_MODEL": str(tmp_path / "out" / "encoder.onnx"), "PE_EXPORT_GOLDEN": str(tmp_path / "out" / "golden")},
+        env={key: str(value) for key, value in files.items()},
     )  # fmt: skip
     assert "1 passed" in as_pytest.stdout, as_pytest.stdout
     # A regression: demand exactness the float32 conversion cannot meet.
