@@ -13,6 +13,7 @@ from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
 from pe_export.savedmodel import LoadedSavedModel, frozen_function, frozen_io_names, wrap_signature
 from pe_export.specs import TensorSpec
+from pe_export.tables.pipeline import PreparedGraph
 
 
 def _import_tf2onnx() -> Any:
@@ -26,19 +27,31 @@ def _import_tf2onnx() -> Any:
 
 
 def convert_onnx(
-    loaded: LoadedSavedModel, specs: list[TensorSpec], options: ExportOptions, *, quiet: bool = True
+    loaded: LoadedSavedModel,
+    specs: list[TensorSpec],
+    options: ExportOptions,
+    *,
+    quiet: bool = True,
+    prepared: PreparedGraph | None = None,
 ) -> tuple[bytes, str]:
-    """Convert one signature at the given input specs. Returns (serialized model, captured log)."""
+    """Convert one signature at the given input specs. Returns (serialized model, captured log).
+
+    ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
+    """
     tf2onnx = _import_tf2onnx()
-    # Freeze here rather than in tf2onnx.from_function: it would turn captured constant tensors
-    # (a position table held by a layer) into extra graph inputs.
-    concrete = wrap_signature(loaded.signature(options.signature), specs)
-    frozen = frozen_function(concrete)
-    inputs, outputs = frozen_io_names(concrete, frozen)
+    if prepared is None:
+        # Freeze here rather than in tf2onnx.from_function: it would turn captured constant tensors
+        # (a position table held by a layer) into extra graph inputs.
+        concrete = wrap_signature(loaded.signature(options.signature), specs)
+        frozen = frozen_function(concrete)
+        inputs, outputs = frozen_io_names(concrete, frozen)
+        graph_def = frozen.graph.as_graph_def()
+    else:
+        graph_def, inputs, outputs = prepared.graph_def("onnx"), prepared.inputs, prepared.outputs
     with capture_native_output(quiet) as log:
         try:
             model, _ = tf2onnx.convert.from_graph_def(
-                frozen.graph.as_graph_def(),
+                graph_def,
                 input_names=list(inputs),
                 output_names=list(outputs),
                 opset=options.opset,

@@ -13,6 +13,8 @@ from pe_export.inspection.tflite_file import summarize_tflite_bytes
 from pe_export.native import capture_native_output, import_tensorflow
 from pe_export.savedmodel import LoadedSavedModel, wrap_signature
 from pe_export.specs import TensorSpec
+from pe_export.tables.graph import concrete_from_graph_def
+from pe_export.tables.pipeline import PreparedGraph
 
 _ERROR_LINE = re.compile(r"error: (.+)")
 _OPS_LINE = re.compile(r"(?:Custom|Flex) ops: (.+)")
@@ -25,16 +27,22 @@ def convert_tflite(
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None = None,
     *,
     quiet: bool = True,
+    prepared: PreparedGraph | None = None,
 ) -> tuple[bytes, str]:
-    """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log)."""
+    """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log).
+
+    ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
+    """
     try:
-        return _convert(loaded, specs, options, calibration, allow_flex=not options.builtins_only, quiet=quiet)
+        return _convert(
+            loaded, specs, options, calibration, allow_flex=not options.builtins_only, quiet=quiet, prepared=prepared
+        )
     except ConversionError as err:
         if not options.builtins_only:
             raise
         # Say which ops would need Flex: convert again with select TF ops allowed and read them off.
         try:
-            data, _ = _convert(loaded, specs, options, calibration, allow_flex=True, quiet=quiet)
+            data, _ = _convert(loaded, specs, options, calibration, allow_flex=True, quiet=quiet, prepared=prepared)
         except ConversionError:
             raise err from None
         flex = summarize_tflite_bytes(data, loaded.path).flex_ops
@@ -54,10 +62,15 @@ def _convert(
     *,
     allow_flex: bool,
     quiet: bool,
+    prepared: PreparedGraph | None,
 ) -> tuple[bytes, str]:
     tf = import_tensorflow()
-    concrete = wrap_signature(loaded.signature(options.signature), specs)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], loaded.obj)
+    if prepared is None:
+        concrete = wrap_signature(loaded.signature(options.signature), specs)
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], loaded.obj)
+    else:
+        concrete, holder = concrete_from_graph_def(prepared.graph_def("tflite"), prepared.inputs, prepared.outputs)
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if options.quantize == "float16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

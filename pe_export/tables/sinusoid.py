@@ -55,7 +55,15 @@ def group_frequencies(frequencies: np.ndarray, rtol: float = 1e-5) -> tuple[np.n
         else:
             means.append([value])
         groups[column] = len(means) - 1
-    return np.array([np.mean(m) for m in means]), groups
+    # Number clusters by the first column that uses them, so a standard layout maps to 0, 1, 2, ….
+    first_use = {}
+    for group in groups:
+        first_use.setdefault(int(group), len(first_use))
+    renumbered = np.array([first_use[int(g)] for g in groups], dtype=np.int64)
+    values = np.empty(len(means))
+    for old, new in first_use.items():
+        values[new] = np.mean(means[old])
+    return values, renumbered
 
 
 def sinusoid_values(positions: np.ndarray, frequencies: np.ndarray, phases: np.ndarray) -> np.ndarray:
@@ -105,11 +113,12 @@ def _snap_to_base(frequencies: np.ndarray) -> np.ndarray:
     base = fit.base
     if base is None:
         return frequencies
+    values, groups = fit.unique
     for candidate in (round(base), base):  # 10000.0002 is 10000
-        exact = standard_frequencies(2 * len(fit.unique[0]), float(candidate))[::-1]
-        values, groups = fit.unique
-        if np.allclose(np.sort(exact), values, rtol=1e-5):
-            return np.sort(exact)[groups]
+        exact = standard_frequencies(2 * len(values), float(candidate))
+        nearest = exact[np.argmin(np.abs(exact[None, :] - values[:, None]), axis=1)]
+        if np.allclose(nearest, values, rtol=1e-5):
+            return nearest[groups]
     return frequencies
 
 

@@ -1,0 +1,164 @@
+"""GraphDef plumbing for table rewriting: folding, splicing a rebuild in for a Const, and back
+to a concrete function for the TFLite converter (TensorFlow side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pe_export.native import import_tensorflow
+from pe_export.tables.methods import Compressed
+from pe_export.tables.sinusoid import fit_sinusoid
+
+SEED_SCOPE = "pe_export_tables"
+
+
+def fold_constants(graph_def: Any, inputs: list[str], outputs: list[str]) -> Any:
+    """Grappler's constant folding: tables computed in-graph at a fixed length become Consts."""
+    tf = import_tensorflow()
+    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.optimizers[:] = ["constfold", "function", "dependency"]
+    config.graph_options.rewrite_options.experimental_disable_folding_quantization_emulation = True
+    with tf.Graph().as_default():  # meta graphs exist only in graph mode
+        meta_graph = tf.compat.v1.train.export_meta_graph(graph_def=graph_def)
+    fetch = meta_graph_pb2.CollectionDef()
+    fetch.node_list.value.extend(inputs + outputs)
+    meta_graph.collection_def["train_op"].CopyFrom(fetch)
+    return tf_optimizer.OptimizeGraph(config, meta_graph)
+
+
+def hybrid_sums(graph_def: Any) -> set[str]:
+    """Add nodes that sum a sinusoid Const and a (scaled) learned Const of the same shape."""
+    from pe_export.tables.detect import const_value
+
+    nodes = {node.name: node for node in graph_def.node}
+
+    def const_of(name: str) -> Any:
+        node = nodes.get(name.split(":")[0].lstrip("^"))
+        while node is not None and node.op == "Identity":
+            node = nodes.get(node.input[0].split(":")[0])
+        return node
+
+    found = set()
+    for node in graph_def.node:
+        if node.op not in ("Add", "AddV2") or len(node.input) != 2:
+            continue
+        parts = [const_of(name) for name in node.input]
+        if any(p is None for p in parts):
+            continue
+        values = []
+        for part in parts:
+            if part.op == "Const":
+                values.append(const_value(part))
+            elif part.op == "Mul" and all(const_of(i) is not None and const_of(i).op == "Const" for i in part.input):
+                values.append(np.multiply(*[const_value(const_of(i)) for i in part.input]))
+            else:
+                values = []
+                break
+        if len(values) == 2 and values[0].shape == values[1].shape and values[0].ndim >= 2:
+            if any(fit_sinusoid(v.reshape(-1, v.shape[-1])) is not None for v in values):
+                found.add(node.name)
+    return found
+
+
+def splice_rebuild(
+    graph_def: Any,
+    replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]],
+    seed: tuple[str, str],
+    target: str,
+) -> Any:
+    """Replace each named Const with ops that rebuild it from stored arrays at run time.
+
+    ``replacements``: node → (compressed form, original shape, rows to rebuild, storage dtype).
+    ``seed``: (input name, dtype) of a graph input. The rebuild starts from positions
+    range(L) + zero, where zero = int(max|seed| < 0) is always 0 but only known at run time:
+    that is what stops the converters from folding the rebuild back into the full table.
+    ``target`` ("tflite" or "onnx") picks how half-precision arrays are read: TFLite's GATHER
+    takes no float16, so there they travel as int16 bit patterns and are bitcast.
+    """
+    tf = import_tensorflow()
+    seed_name, seed_dtype = seed
+    with tf.Graph().as_default() as scratch:
+        placeholder = tf.compat.v1.placeholder(tf.as_dtype(seed_dtype), name=seed_name)
+        with tf.name_scope(SEED_SCOPE):
+            magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
+            zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name="run_time_zero")
+        for index, (node_name, (compressed, shape, rows, storage)) in enumerate(replacements.items()):
+            with tf.name_scope(f"{SEED_SCOPE}/table_{index}"):
+                store = Store(tf, compressed.arrays, storage, target, zero)
+                positions = tf.range(rows, dtype=tf.int32) + zero
+                rebuilt = compressed.emit(tf, positions, store)
+            tf.reshape(rebuilt, shape, name=node_name)
+    added = [node for node in scratch.as_graph_def().node if node.name != seed_name]
+    result = type(graph_def)()
+    result.CopyFrom(graph_def)
+    del result.node[:]
+    result.node.extend(node for node in graph_def.node if node.name not in replacements)
+    result.node.extend(added)
+    return result
+
+
+class Store:
+    """The stored arrays as graph constants, read the way each storage dtype and target allows.
+
+    Float arrays are read only through a gather with run-time indices, then cast to float32:
+    a cast of a constant would be folded back to a float32 constant by the converters. For
+    float16 in TFLite, whose GATHER takes no float16, the bits travel as int16 and are bitcast.
+    """
+
+    def __init__(self, tf: Any, arrays: dict[str, np.ndarray], storage: str, target: str, zero: Any) -> None:
+        self.tf, self.storage, self.target, self.zero = tf, storage, target, zero
+        self.constants = {}
+        for key, array in arrays.items():
+            if not np.issubdtype(array.dtype, np.floating):
+                self.constants[key] = tf.constant(array, name=key)
+            elif storage == "float32":
+                self.constants[key] = tf.constant(array.astype(np.float32), name=key)
+            else:
+                half = array.astype(np.float16)
+                self.constants[key] = tf.constant(half.view(np.int16) if target == "tflite" else half, name=key)
+        self.lengths = {key: array.shape[0] for key, array in arrays.items() if array.ndim}
+
+    def index(self, key: str) -> Any:
+        return self.constants[key]
+
+    def take(self, key: str, indices: Any) -> Any:
+        rows = self.tf.gather(self.constants[key], indices)
+        if self.storage == "float32":
+            return rows
+        if self.target == "tflite":
+            rows = self.tf.bitcast(rows, self.tf.float16)
+        return self.tf.cast(rows, self.tf.float32)
+
+    def whole(self, key: str) -> Any:
+        return self.take(key, self.tf.range(self.lengths[key]) + self.zero)
+
+
+def concrete_from_graph_def(graph_def: Any, inputs: dict[str, str], outputs: dict[str, str]) -> tuple[Any, Any]:
+    """(concrete function, trackable holding it) over a GraphDef, inputs and outputs by user-facing names."""
+    tf = import_tensorflow()
+
+    def load() -> None:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+
+    wrapped = tf.compat.v1.wrap_function(load, [])
+    graph = wrapped.graph
+    feeds = [graph.get_tensor_by_name(tensor) for tensor in inputs]
+    fetches = {name: graph.get_tensor_by_name(tensor) for tensor, name in outputs.items()}
+    pruned = wrapped.prune(feeds, fetches)
+    # A pruned function has no signature; the TFLite converter names inputs and outputs from one.
+    specs = [
+        tf.TensorSpec(feed.shape, feed.dtype, name=name) for feed, name in zip(feeds, inputs.values(), strict=True)
+    ]
+
+    def serve(*args: Any) -> Any:
+        return pruned(*args)
+
+    function = tf.function(serve, input_signature=specs, autograph=False)
+    holder = tf.Module()
+    holder.serve = function  # the TFLite converter writes a signature only for a tracked function
+    return function.get_concrete_function(), holder

@@ -1,0 +1,200 @@
+"""Find, plan and rewrite position tables for an export (TensorFlow side)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pe_export.constants import MAX_SEQ_LEN
+from pe_export.errors import BadInputError
+from pe_export.tables.detect import TableInfo, const_value, find_tables
+from pe_export.tables.methods import Compressed, get_method, method_names
+from pe_export.tables.sinusoid import sinusoid_values
+
+TABLE_DTYPES = ("float32", "float16")
+COMPRESS_METHODS = ("auto", *("angle", "svd", "interp", "none"))
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    compress: int | None = None  # K: at most K stored values per position
+    method: str = "auto"
+    table_dtype: str = "float32"
+    max_len: int | None = None
+    allow_lossy: bool = False
+    names: tuple[str, ...] = ()  # --table NAME: also treat these as learned position tables
+    list_only: bool = False
+
+    @property
+    def rewrites(self) -> bool:
+        return (
+            self.compress is not None
+            or self.method != "auto"
+            or self.table_dtype != "float32"
+            or self.max_len is not None
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.rewrites or self.list_only or bool(self.names)
+
+    def validate(self) -> None:
+        if self.method not in ("auto", *method_names()):
+            raise BadInputError(
+                f"--compress-method {self.method!r} is unknown; expected one of: auto, {', '.join(method_names())}"
+            )
+        if self.table_dtype not in TABLE_DTYPES:
+            raise BadInputError(f"--table-dtype {self.table_dtype!r}; expected one of: {', '.join(TABLE_DTYPES)}")
+        if self.compress is not None and not 1 <= self.compress <= 1 << 16:
+            raise BadInputError(f"--compress {self.compress} is out of range; expected 1 to 65536 values per position")
+        if self.max_len is not None and not 2 <= self.max_len <= MAX_SEQ_LEN:
+            raise BadInputError(f"--max-len {self.max_len} is out of range; expected 2 to {MAX_SEQ_LEN}")
+
+
+@dataclass
+class TableResult:
+    table: TableInfo
+    method: str  # "kept" when the table is left as it was
+    exact: bool
+    bytes_before: int
+    bytes_after: int
+    max_error: float  # the rebuilt table against the original (or the formula, for --max-len)
+    rows: int
+    notes: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    compressed: Compressed | None = field(default=None, repr=False)
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / max(self.bytes_after, 1)
+
+
+def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
+    rows = table.rows
+    length = rows.shape[0]
+    result_warnings: list[str] = []
+    target, reference = rows, rows
+    if options.max_len is not None and options.max_len != length:
+        if table.fit is not None:
+            target = reference = sinusoid_values(np.arange(options.max_len), table.fit.frequencies, table.fit.phases)
+        else:
+            target = reference = _resample_rows(rows, options.max_len)
+            result_warnings.append(
+                f"{table.name}: learned table stretched from {length} to {options.max_len} rows by linear "
+                "interpolation — an approximation, not what the model was trained with"
+            )
+    if not options.rewrites:
+        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
+    method = options.method
+    if method == "auto":
+        method = _auto_method(target, table, options)
+    compressed = get_method(method).plan(target, table.fit, options.compress if method != "none" else None)
+    if compressed is None:
+        why = "it is not a sinusoid" if method == "angle" and table.fit is None else "it does not fit the budget"
+        raise BadInputError(
+            f"--compress-method {method} cannot serve table {table.name} ({table.kind}, {table.shape}): {why}; "
+            "use --compress-method auto, svd or a larger --compress"
+        )
+    storage = np.dtype(options.table_dtype)
+    stored = {k: (v.astype(storage).astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v)
+              for k, v in compressed.arrays.items()}  # fmt: skip
+    rebuilt = compressed.rebuild(np.arange(target.shape[0]), stored)
+    error = float(np.max(np.abs(rebuilt - reference)))
+    if not np.isfinite(rebuilt).all():
+        raise BadInputError(f"table {table.name}: the {method} rebuild in {options.table_dtype} is not finite")
+    return TableResult(
+        table=table,
+        method=method,
+        exact=compressed.exact and options.table_dtype == "float32",
+        bytes_before=table.nbytes,
+        bytes_after=compressed.stored_bytes(storage.itemsize),
+        max_error=error,
+        rows=target.shape[0],
+        notes=compressed.notes,
+        warnings=result_warnings,
+        compressed=compressed,
+    )
+
+
+def _auto_method(target: np.ndarray, table: TableInfo, options: TableOptions) -> str:
+    """The exact method that fits, else the best lossy one (never the seed's recipe unasked)."""
+    if options.compress is None:
+        return "none"
+    for name in ("angle", "svd"):
+        plan = get_method(name).plan(target, table.fit, options.compress)
+        if plan is not None and plan.exact:
+            return name
+    return "svd"
+
+
+def _resample_rows(rows: np.ndarray, length: int) -> np.ndarray:
+    old = np.linspace(0.0, 1.0, rows.shape[0])
+    new = np.linspace(0.0, 1.0, length)
+    return np.stack([np.interp(new, old, rows[:, c]) for c in range(rows.shape[1])], axis=1)
+
+
+@dataclass
+class PreparedGraph:
+    folded: Any  # the frozen, constant-folded GraphDef
+    inputs: dict[str, str]  # graph tensor → user name
+    outputs: dict[str, str]
+    tables: list[TableInfo]
+    results: list[TableResult]
+    replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]] = field(default_factory=dict)
+    seed: tuple[str, str] = ("", "")
+
+    def graph_def(self, target: str) -> Any:
+        """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time."""
+        from pe_export.tables.graph import splice_rebuild
+
+        if not self.replacements:
+            return self.folded
+        return splice_rebuild(self.folded, self.replacements, self.seed, target)
+
+
+def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableOptions) -> PreparedGraph:
+    from pe_export.savedmodel import frozen_function, frozen_io_names, wrap_signature
+    from pe_export.tables.graph import fold_constants, hybrid_sums
+
+    options.validate()
+    concrete = wrap_signature(signature, specs)
+    frozen = frozen_function(concrete)
+    inputs, outputs = frozen_io_names(concrete, frozen)
+    graph_def = frozen.graph.as_graph_def()
+    original = {
+        node.name: const_value(node)
+        for node in graph_def.node
+        if node.op == "Const"
+        and node.attr["dtype"].type in (1, 19)
+        and len(node.attr["value"].tensor.tensor_shape.dim) >= 2
+    }
+    hybrids = hybrid_sums(graph_def)
+    folded = fold_constants(graph_def, [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs])
+    variables = {
+        getattr(v, "path", None) or v.name.split(":")[0]: v.numpy()
+        for v in getattr(loaded.obj, "variables", [])
+        if len(v.shape) >= 2
+    }
+    tables = find_tables(folded, original_consts=original, variables=variables, hybrids=hybrids, wanted=options.names)
+    missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
+    if missing:
+        raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
+    if options.list_only or not options.rewrites:
+        return PreparedGraph(folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables])
+    results = [plan_table(table, options) for table in tables]
+    for result in results:
+        for message in result.warnings:
+            warnings.warn(message, stacklevel=2)
+    replacements = {}
+    for result in results:
+        if result.compressed is None:
+            continue
+        shape = list(result.table.shape)
+        shape[-2] = result.rows
+        replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
+    seed_tensor = next(iter(inputs))
+    seed = (seed_tensor.split(":")[0], next(s.dtype for s in specs if s.name == inputs[seed_tensor]))
+    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed)
