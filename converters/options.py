@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
@@ -10,10 +10,12 @@ from pe_export.constants import (
     MAX_SEQ_LEN,
     MIN_ONNX_OPSET,
     ONNX_QUANTIZE_MODES,
+    PRECISION_OF_QUANTIZE,
     TFLITE_QUANTIZE_MODES,
 )
 from pe_export.errors import BadInputError
 from pe_export.specs import TensorSpec
+from pe_export.tables.pipeline import TableOptions
 
 BATCH_AXIS, SEQUENCE_AXIS = 0, 1
 
@@ -29,8 +31,18 @@ class ExportOptions:
     opset: int = DEFAULT_ONNX_OPSET  # ONNX only
     verify: bool = True
     overwrite: bool = False
+    tables: TableOptions = field(default_factory=TableOptions)  # find / compress / retarget position tables
+
+    @property
+    def precision(self) -> str:
+        """The precision the export is judged at: the looser of the weights' and the tables'."""
+        precision = PRECISION_OF_QUANTIZE[self.quantize]
+        if precision == "fp32" and self.tables.table_dtype == "float16":
+            return "fp16"
+        return precision
 
     def validate(self, target: str) -> None:
+        self.tables.validate()
         modes = TFLITE_QUANTIZE_MODES if target == "tflite" else ONNX_QUANTIZE_MODES
         if self.quantize not in modes:
             raise BadInputError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +11,6 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
-    PRECISION_OF_QUANTIZE,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
@@ -29,6 +28,7 @@ from pe_export.specs import TensorSpec, concrete_shape
 
 if TYPE_CHECKING:
     from pe_export.savedmodel import LoadedSavedModel
+    from pe_export.tables.pipeline import PreparedGraph, TableResult
 
 
 @dataclass
@@ -43,10 +43,17 @@ class ExportReport:
     parity: ParityResult | None = None
     unverified_reason: str | None = None
     converter_log: str = ""
+    tables: list[TableResult] = field(default_factory=list)
+
+    @property
+    def lossy_tables(self) -> list[TableResult]:
+        return [t for t in self.tables if not t.exact]
 
     @property
     def exit_code(self) -> ExitCode:
         if self.parity is not None and not self.parity.passed:
+            if self.lossy_tables and self.options.tables.allow_lossy:
+                return ExitCode.OK  # the user accepted the loss; the report shows it
             return ExitCode.PARITY_FAILED
         if self.options.verify and self.parity is None:
             return ExitCode.RUNTIME_UNAVAILABLE
@@ -57,6 +64,13 @@ class ExportReport:
         if self.exit_code == ExitCode.PARITY_FAILED:
             assert self.parity is not None
             case, worst = self.parity.failures()[0]
+            lossy = ", ".join(f"{t.table.name} ({t.method}, table error {t.max_error:.3g})" for t in self.lossy_tables)
+            if lossy:
+                raise ParityError(
+                    f"{self.output} was written but lossy table compression breaks parity: {lossy}; output "
+                    f"{worst.name!r} max abs error {worst.max_abs:.3g} over atol {self.parity.tolerance.atol:g}. "
+                    "Use an exact method (--compress-method auto/angle), a larger --compress, or --allow-lossy"
+                )
             raise ParityError(
                 f"{self.output} was written but does not match the TensorFlow float32 reference: output "
                 f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, cosine {worst.cosine:.6f} "
@@ -80,7 +94,7 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
         for seed in range(CALIBRATION_SAMPLES):
             yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
 
-    data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet)
+    data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet, prepared=job.prepared)
     data = embed_tflite_metadata(data, job.provenance)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log)
@@ -91,7 +105,7 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
-    data, log = convert_onnx(job.loaded, job.specs, options, quiet=quiet)
+    data, log = convert_onnx(job.loaded, job.specs, options, quiet=quiet, prepared=job.prepared)
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
@@ -110,6 +124,7 @@ class _Job:
     specs: list[TensorSpec]
     bounds: dict[str, int]
     provenance: dict[str, str]
+    prepared: PreparedGraph | None = None
 
 
 def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
@@ -134,10 +149,26 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
         graph = frozen_graph_def(wrap_signature(signature, specs))
         bounds = integer_input_bounds(graph, [spec.name for spec in specs])
     signature_name = loaded.resolve_signature_name(options.signature)
-    provenance = provenance_entries(
-        savedmodel_digest(saved_model), PRECISION_OF_QUANTIZE[options.quantize], signature_name
-    )
-    return _Job(target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance)
+    provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
+    prepared = None
+    if options.tables.rewrites:
+        from pe_export.tables.pipeline import prepare_graph
+
+        prepared = prepare_graph(loaded, signature, specs, options.tables)
+    return _Job(target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance, prepared)
+
+
+def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
+    """`--list-tables`: every position table the exporters would see, nothing converted or written."""
+    from pe_export.savedmodel import check_savedmodel_dir, load_savedmodel, signature_input_specs
+    from pe_export.tables.pipeline import prepare_graph, replace_options
+
+    options.tables.validate()
+    check_savedmodel_dir(Path(saved_model))
+    loaded = load_savedmodel(Path(saved_model))
+    signature = loaded.signature(options.signature)
+    specs = options.export_specs(signature_input_specs(signature))
+    return prepare_graph(loaded, signature, specs, replace_options(options.tables, list_only=True)).results
 
 
 def _feed(
@@ -163,8 +194,9 @@ def verification_feeds(
 def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportReport:
     atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
     report = ExportReport(
-        job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log
-    )
+        job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
+        tables=job.prepared.results if job.prepared else [],
+    )  # fmt: skip
     if not job.options.verify:
         return report
     runnable = [v for v in summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
@@ -184,7 +216,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportRe
 def verify_export(job: _Job, runner_name: str) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
-    precision = PRECISION_OF_QUANTIZE[job.options.quantize]
+    precision = job.options.precision
     feeds, valid = verification_feeds(job.specs, job.bounds)
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, job.output) as candidate:

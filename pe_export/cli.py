@@ -23,6 +23,7 @@ from pe_export.errors import EXIT_CODE_MEANINGS, ExitCode, ParityError, PeExport
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
 from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
+from pe_export.tables.pipeline import COMPRESS_METHODS, TABLE_DTYPES, TableOptions
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 VERBOSE_FLAGS = ("--verbose", "-v")
@@ -51,7 +52,16 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
-        ]
+            click.option("--compress", type=int, default=None, help="Store at most K values per position in tables."),
+            click.option("--compress-method", type=click.Choice(list(COMPRESS_METHODS)), default="auto",
+                         show_default=True, help="angle: exact for sinusoids; svd: lossy; interp: the seed's recipe."),
+            click.option("--table-dtype", type=click.Choice(list(TABLE_DTYPES)), default="float32", show_default=True,
+                         help="Storage precision of position tables (computed in float64 first)."),
+            click.option("--max-len", type=int, default=None, help="Regenerate/extend position tables to N rows."),
+            click.option("--allow-lossy", is_flag=True, help="Accept lossy table compression that breaks parity."),
+            click.option("--table", "table_names", multiple=True, help="Also treat this constant as a position table."),
+            click.option("--list-tables", is_flag=True, help="Only list the position tables found; write nothing."),
+        ]  # fmt: skip
         for option in reversed(options):
             function = option(function)
         return function
@@ -72,21 +82,43 @@ def _export_options(**values: Any) -> Any:
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
         verify=not values["no_verify"],
         overwrite=values["overwrite"],
+        tables=TableOptions(
+            compress=values["compress"],
+            method=values["compress_method"],
+            table_dtype=values["table_dtype"],
+            max_len=values["max_len"],
+            allow_lossy=values["allow_lossy"],
+            names=tuple(values["table_names"]),
+        ),
     )
 
 
+def _list_tables(saved_model: Path, options: Any) -> int:
+    from pe_export.api import find_position_tables
+    from pe_export.report import format_tables
+
+    click.echo(
+        "\n".join([f"position tables in {saved_model}:", *format_tables(find_position_tables(saved_model, options))])
+    )
+    return ExitCode.OK
+
+
 def _print_export(report: Any, verbose: bool) -> int:
-    from pe_export.report import format_parity, format_summary
+    from pe_export.report import format_parity, format_summary, format_tables
 
     if verbose and report.converter_log.strip():
         click.echo(report.converter_log.rstrip(), err=True)
     lines = [f"pe-export {report.target}: {report.source} → {report.output}"]
     lines += format_summary(report.summary)
+    if report.tables:
+        lines += format_tables(report.tables)
     if report.parity is not None:
         lines += format_parity(report.parity)
     click.echo("\n".join(lines))
     report.raise_for_status()
     verdict = "verified" if report.parity is not None else "not verified (--no-verify)"
+    if report.lossy_tables and report.parity is not None and not report.parity.passed:
+        verdict += ", OVER TOLERANCE: lossy tables accepted by --allow-lossy"
     click.echo(f"OK: wrote {report.output} ({report.summary.file_bytes:,} B), {verdict}")
     return ExitCode.OK
 
@@ -100,6 +132,8 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -
     from pe_export.api import export_tflite
 
     verbose = ctx.obj["verbose"]
+    if values["list_tables"]:
+        return _list_tables(saved_model, _export_options(**values))
     report = export_tflite(saved_model, output, _export_options(**values), quiet=not verbose)
     return _print_export(report, verbose)
 
@@ -113,6 +147,8 @@ def onnx(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> 
     from pe_export.api import export_onnx
 
     verbose = ctx.obj["verbose"]
+    if values["list_tables"]:
+        return _list_tables(saved_model, _export_options(**values))
     report = export_onnx(saved_model, output, _export_options(**values), quiet=not verbose)
     return _print_export(report, verbose)
 

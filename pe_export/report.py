@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult
 from pe_export.parity.harness import ParityReport
@@ -91,4 +93,31 @@ def format_parity_report(report: ParityReport) -> list[str]:
         f"  time: load {report.load_s:.2f} s, first result {report.first_result_s:.2f} s, total {report.total_s:.2f} s"
     )
     lines.append("PASS" if report.passed else "FAIL")
+    return lines
+
+
+def format_tables(results: list[Any]) -> list[str]:
+    """The per-table block of an export report (and of --list-tables)."""
+    if not results:
+        return ["  position tables: none found"]
+    lines = [
+        "  position tables:",
+        f"    {'name':<44} {'source':<9} {'shape':<12} {'kind':<21} {'method':<7} {'bytes':>10} {'→ stored':>10} "
+        f"{'table err':>9}",
+    ]
+    for r in results:
+        table = r.table
+        shape = "x".join(str(d) for d in table.shape)
+        name = table.name if len(table.name) <= 44 else "…" + table.name[-43:]
+        lines.append(
+            f"    {name:<44} {table.source:<9} {shape:<12} {table.kind:<21} {r.method:<7} {r.bytes_before:>10,} "
+            f"{r.bytes_after:>10,} {r.max_error:>9.2g}" + ("" if r.exact else "  LOSSY")
+        )
+        details = list(table.notes)
+        details += [
+            f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}" for key, value in r.notes.items()
+        ]
+        if details:
+            lines.append(f"      {'; '.join(details)}")
+        lines.extend(f"      warning: {w}" for w in r.warnings)
     return lines

@@ -96,7 +96,14 @@ def _scope_name(name: str, consumers: dict[str, list[tuple[Any, int]]]) -> str:
     """Inlining renames captured constants (Func/…/input/_20): name them after their first consumer's scope."""
     for consumer, _ in consumers.get(name, []):
         if "/" in consumer.name and not consumer.name.startswith("Func/"):
-            return consumer.name.rsplit("/", 1)[0] + "/table"
+            return _readable(consumer.name.rsplit("/", 1)[0] + "/table")
+    return _readable(name)
+
+
+def _readable(name: str) -> str:
+    """Drop the call wrappers that inlining leaves in front of every node name."""
+    while name.startswith("StatefulPartitionedCall/"):
+        name = name[len("StatefulPartitionedCall/") :]
     return name
 
 

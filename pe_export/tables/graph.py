@@ -21,6 +21,7 @@ def fold_constants(graph_def: Any, inputs: list[str], outputs: list[str]) -> Any
     from tensorflow.python.grappler import tf_optimizer
 
     config = config_pb2.ConfigProto()
+    config.graph_options.infer_shapes = True  # lets tf.shape(x)[1] fold at a fixed sequence length
     config.graph_options.rewrite_options.optimizers[:] = ["constfold", "function", "dependency"]
     config.graph_options.rewrite_options.experimental_disable_folding_quantization_emulation = True
     with tf.Graph().as_default():  # meta graphs exist only in graph mode
@@ -29,6 +30,53 @@ def fold_constants(graph_def: Any, inputs: list[str], outputs: list[str]) -> Any
     fetch.node_list.value.extend(inputs + outputs)
     meta_graph.collection_def["train_op"].CopyFrom(fetch)
     return tf_optimizer.OptimizeGraph(config, meta_graph)
+
+
+def materialize_static_dims(graph_def: Any) -> Any:
+    """Replace tf.shape(x)[i] by a constant wherever dimension i of x is static.
+
+    Grappler folds Shape only when the whole shape is known; with a dynamic batch, a
+    table computed from range(tf.shape(x)[1]) would otherwise never become a constant.
+    """
+    tf = import_tensorflow()
+    from tensorflow.python.framework import tensor_util
+
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.import_graph_def(graph_def, name="")
+    nodes = {node.name: node for node in graph_def.node}
+    replaced: dict[str, Any] = {}
+    for node in graph_def.node:
+        if node.op != "StridedSlice":
+            continue
+        shape_node = nodes.get(node.input[0].split(":")[0])
+        if shape_node is None or shape_node.op != "Shape":
+            continue
+        attrs = node.attr
+        if attrs["shrink_axis_mask"].i != 1 or attrs["ellipsis_mask"].i or attrs["new_axis_mask"].i:
+            continue
+        begin = nodes.get(node.input[1].split(":")[0])
+        if begin is None or begin.op != "Const":
+            continue
+        index = int(tensor_util.MakeNdarray(begin.attr["value"].tensor).reshape(-1)[0])
+        dims = graph.get_tensor_by_name(shape_node.input[0] if ":" in shape_node.input[0] else shape_node.input[0] + ":0")
+        static = dims.shape.as_list() if dims.shape.rank is not None else None
+        if static is None or not -len(static) <= index < len(static) or static[index] is None:
+            continue
+        dtype = shape_node.attr["out_type"].type
+        replacement = type(node)()
+        replacement.name, replacement.op = node.name, "Const"
+        replacement.attr["dtype"].type = dtype
+        replacement.attr["value"].tensor.CopyFrom(
+            tensor_util.make_tensor_proto(static[index], dtype=tf.as_dtype(dtype), shape=[])
+        )
+        replaced[node.name] = replacement
+    if not replaced:
+        return graph_def
+    result = type(graph_def)()
+    result.CopyFrom(graph_def)
+    del result.node[:]
+    result.node.extend(replaced.get(node.name, node) for node in graph_def.node)
+    return result
 
 
 def hybrid_sums(graph_def: Any) -> set[str]:

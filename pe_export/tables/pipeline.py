@@ -54,6 +54,12 @@ class TableOptions:
             raise BadInputError(f"--max-len {self.max_len} is out of range; expected 2 to {MAX_SEQ_LEN}")
 
 
+def replace_options(options: TableOptions, **changes: Any) -> TableOptions:
+    from dataclasses import replace
+
+    return replace(options, **changes)
+
+
 @dataclass
 class TableResult:
     table: TableInfo
@@ -157,7 +163,7 @@ class PreparedGraph:
 
 def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableOptions) -> PreparedGraph:
     from pe_export.savedmodel import frozen_function, frozen_io_names, wrap_signature
-    from pe_export.tables.graph import fold_constants, hybrid_sums
+    from pe_export.tables.graph import fold_constants, hybrid_sums, materialize_static_dims
 
     options.validate()
     concrete = wrap_signature(signature, specs)
@@ -172,7 +178,8 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
         and len(node.attr["value"].tensor.tensor_shape.dim) >= 2
     }
     hybrids = hybrid_sums(graph_def)
-    folded = fold_constants(graph_def, [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs])
+    input_nodes, output_nodes = [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs]
+    folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {
         getattr(v, "path", None) or v.name.split(":")[0]: v.numpy()
         for v in getattr(loaded.obj, "variables", [])

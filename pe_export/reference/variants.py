@@ -1,0 +1,169 @@
+"""One small encoder per position-encoding variant of DESIGN.md, as Keras 3 models.
+
+Token embedding → the variant's position information → LayerNorm → Dense. Each builder
+takes the sequence length (None for dynamic) and returns an uncompiled keras.Model whose
+output dict has "sequence_output".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pe_export.tables.sinusoid import sinusoid_table
+
+VOCAB, WIDTH, MAX_LEN, MAX_RELATIVE = 64, 32, 64, 8
+
+
+def _keras() -> tuple[Any, Any, Any]:
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    return keras, tf, layers
+
+
+def _encoder(seq_len: int | None, position: Callable[[Any, Any], Any], extra_inputs: tuple[str, ...] = ()) -> Any:
+    keras, _, layers = _keras()
+    keras.utils.set_random_seed(0)
+    token_ids = keras.Input((seq_len,), dtype="int32", name="token_ids")
+    inputs = {"token_ids": token_ids}
+    for name in extra_inputs:
+        inputs[name] = keras.Input((seq_len,), dtype="int32", name=name)
+    x = layers.Embedding(VOCAB, WIDTH, name="token_embedding")(token_ids)
+    x = position(x, inputs)
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    x = layers.Dense(WIDTH, activation="gelu")(x)
+    return keras.Model(list(inputs.values()), {"sequence_output": x})
+
+
+def sinusoid_constant(seq_len: int | None, base: float = 10000.0, length: int = MAX_LEN, width: int = WIDTH) -> Any:
+    """Interleaved sin/cos table held as a constant [L, d] (the classic layer)."""
+    keras, tf, layers = _keras()
+
+    class SinusoidConstant(layers.Layer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.table = tf.constant(sinusoid_table(length, width, base).astype("float32"))
+
+        def call(self, x: Any) -> Any:
+            return x + self.table[None, : tf.shape(x)[1]]
+
+    return _encoder(seq_len, lambda x, _: SinusoidConstant(name="position_encoding")(x))
+
+
+def sinusoid_computed(seq_len: int | None) -> Any:
+    """The seed's "dynamic" layer: concatenated [sin ‖ cos] halves computed in-graph from range."""
+    keras, tf, layers = _keras()
+
+    class SinusoidComputed(layers.Layer):
+        def call(self, x: Any) -> Any:
+            positions = tf.cast(tf.range(tf.shape(x)[1]), tf.float32)[:, None]
+            rates = tf.exp(tf.range(0, WIDTH, 2, dtype=tf.float32) * (-np.log(10000.0) / WIDTH))[None, :]
+            angles = positions * rates
+            return x + tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[None]
+
+    return _encoder(seq_len, lambda x, _: SinusoidComputed(name="dynamic_position_encoding")(x))
+
+
+def learned(seq_len: int | None) -> Any:
+    """BERT-style learned table: a variable named position_embedding/embeddings."""
+    keras, tf, layers = _keras()
+
+    class LearnedPositions(layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.embeddings = self.add_weight(name="embeddings", shape=(MAX_LEN, WIDTH), initializer="glorot_uniform")
+
+        def call(self, x: Any) -> Any:
+            return x + self.embeddings[None, : tf.shape(x)[1]]
+
+    return _encoder(seq_len, lambda x, _: LearnedPositions(name="position_embedding")(x))
+
+
+def hybrid(seq_len: int | None) -> Any:
+    """Fixed sinusoid plus a learnable offset: pe + 0.1 * offset."""
+    keras, tf, layers = _keras()
+
+    class HybridPositions(layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.fixed = tf.constant(sinusoid_table(MAX_LEN, WIDTH).astype("float32"))
+            self.offset = self.add_weight(name="offset", shape=(MAX_LEN, WIDTH), initializer="random_normal")
+
+        def call(self, x: Any) -> Any:
+            table = self.fixed + 0.1 * self.offset
+            return x + table[None, : tf.shape(x)[1]]
+
+    return _encoder(seq_len, lambda x, _: HybridPositions(name="hybrid_position_encoding")(x))
+
+
+def masked(seq_len: int | None) -> Any:
+    """Padding-masked encoding: the table is multiplied by the run-time attention mask."""
+    keras, tf, layers = _keras()
+
+    class MaskedPositions(layers.Layer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.table = tf.constant(sinusoid_table(MAX_LEN, WIDTH).astype("float32"))
+
+        def call(self, x: Any, mask: Any) -> Any:
+            positions = self.table[None, : tf.shape(x)[1]]
+            return x + positions * tf.cast(mask, tf.float32)[..., None]
+
+    return _encoder(
+        seq_len, lambda x, inputs: MaskedPositions(name="masked_position_encoding")(x, inputs["attention_mask"]),
+        extra_inputs=("attention_mask",),
+    )  # fmt: skip
+
+
+def relative(seq_len: int | None) -> Any:
+    """Shaw et al.: a [2K+1, d] table gathered by the clipped distance matrix, used as attention bias."""
+    keras, tf, layers = _keras()
+
+    class RelativePositions(layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.embeddings = self.add_weight(
+                name="relative_pos_emb", shape=(2 * MAX_RELATIVE + 1, WIDTH), initializer="glorot_uniform"
+            )
+
+        def call(self, x: Any) -> Any:
+            length = tf.shape(x)[1]
+            distance = tf.range(length)[:, None] - tf.range(length)[None, :]
+            index = tf.clip_by_value(distance, -MAX_RELATIVE, MAX_RELATIVE) + MAX_RELATIVE
+            relations = tf.gather(self.embeddings, index)  # [T, T, d]
+            scores = tf.einsum("btd,tsd->bts", x, relations) / np.sqrt(WIDTH)
+            return x + tf.matmul(tf.nn.softmax(scores, axis=-1), x)
+
+    return _encoder(seq_len, lambda x, _: RelativePositions(name="relative_position")(x))
+
+
+def rotary(seq_len: int | None) -> Any:
+    """RoPE: cos/sin caches computed in-graph, applied by rotating feature pairs."""
+    keras, tf, layers = _keras()
+
+    class Rotary(layers.Layer):
+        def call(self, x: Any) -> Any:
+            positions = tf.cast(tf.range(tf.shape(x)[1]), tf.float32)[:, None]
+            rates = 1.0 / tf.pow(10000.0, tf.range(0, WIDTH, 2, dtype=tf.float32) / WIDTH)
+            angles = positions * rates[None, :]
+            cos = tf.concat([tf.cos(angles), tf.cos(angles)], axis=-1)[None]
+            sin = tf.concat([tf.sin(angles), tf.sin(angles)], axis=-1)[None]
+            first, second = x[..., : WIDTH // 2], x[..., WIDTH // 2 :]
+            rotated = tf.concat([-second, first], axis=-1)
+            return x * cos + rotated * sin
+
+    return _encoder(seq_len, lambda x, _: Rotary(name="rotary_embedding")(x))
+
+
+# name → (builder, the kinds `--list-tables` must report at a fixed length)
+VARIANTS: dict[str, tuple[Callable[[int | None], Any], tuple[str, ...]]] = {
+    "sinusoid_constant": (sinusoid_constant, ("sinusoid-interleaved",)),
+    "sinusoid_base_5000": (lambda seq: sinusoid_constant(seq, base=5000.0), ("sinusoid-interleaved",)),
+    "sinusoid_computed": (sinusoid_computed, ("sinusoid-halves",)),
+    "learned": (learned, ("learned",)),
+    "hybrid": (hybrid, ("hybrid",)),
+    "masked": (masked, ("sinusoid-interleaved",)),
+    "relative": (relative, ("relative",)),
+    "rotary": (rotary, ("rotary-cos", "rotary-sin")),
+}
