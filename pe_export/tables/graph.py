@@ -58,7 +58,9 @@ def materialize_static_dims(graph_def: Any) -> Any:
         if begin is None or begin.op != "Const":
             continue
         index = int(tensor_util.MakeNdarray(begin.attr["value"].tensor).reshape(-1)[0])
-        dims = graph.get_tensor_by_name(shape_node.input[0] if ":" in shape_node.input[0] else shape_node.input[0] + ":0")
+        dims = graph.get_tensor_by_name(
+            shape_node.input[0] if ":" in shape_node.input[0] else shape_node.input[0] + ":0"
+        )
         static = dims.shape.as_list() if dims.shape.rank is not None else None
         if static is None or not -len(static) <= index < len(static) or static[index] is None:
             continue

@@ -25,17 +25,19 @@ class SinusoidFit:
     phases: np.ndarray  # [d] SIN or COS per column
     max_error: float  # the stored table against the formula
     layout: str  # "interleaved", "halves", "cos-cache", "sin-cache", "mixed"
+    groups: np.ndarray  # [d] column → index into shared
+    shared: np.ndarray  # [u] distinct frequencies; sin and cos of one pair share one
 
     @property
     def unique(self) -> tuple[np.ndarray, np.ndarray]:
-        """(distinct frequencies [u], column → frequency index [d]); sin and cos of one pair share one."""
-        return group_frequencies(self.frequencies)
+        """(distinct frequencies [u], column → frequency index [d])."""
+        return self.shared, self.groups
 
     @property
     def base(self) -> float | None:
         """b when the distinct frequencies are exactly b^(-2i/d), i = 0 … u-1 (d = 2u)."""
         values = np.sort(self.unique[0])[::-1]
-        if len(values) < 2 or not np.isclose(values[0], 1.0, atol=1e-6):
+        if len(values) < 2 or not np.isclose(values[0], 1.0, atol=1e-6) or values[-1] <= 0:
             return None
         exponents = 2 * np.arange(1, len(values)) / (2 * len(values))
         bases = np.exp(-np.log(values[1:]) / exponents)
@@ -43,27 +45,46 @@ class SinusoidFit:
         return candidate if np.allclose(standard_frequencies(2 * len(values), candidate), values, rtol=1e-5) else None
 
 
-def group_frequencies(frequencies: np.ndarray, rtol: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
-    """Cluster estimates that differ only by float32 noise; returns (means, column → cluster)."""
+def group_columns(
+    table: np.ndarray, frequencies: np.ndarray, phases: np.ndarray, errors: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Let columns share a frequency when one value fits them all about as well as their own.
+
+    A low-frequency cosine is poorly conditioned (it barely leaves 1), so its own estimate can
+    differ from its sine partner's by more than float noise while both fit the table; the
+    shared value is the estimates' mean weighted by each column's sensitivity to w.
+    """
+    positions = np.arange(table.shape[0], dtype=np.float64)
+    weights = np.array([
+        float(((positions * (np.cos if phase == SIN else np.sin)(positions * w)) ** 2).sum())
+        for w, phase in zip(frequencies, phases, strict=True)
+    ]) + 1e-30  # fmt: skip
     order = np.argsort(frequencies)
-    groups = np.zeros(len(frequencies), dtype=np.int64)
-    means: list[list[float]] = []
+    clusters: list[list[int]] = []
+    values: list[float] = []
     for column in order:
-        value = frequencies[column]
-        if means and abs(value - np.mean(means[-1])) <= rtol * max(abs(value), 1e-3):
-            means[-1].append(value)
-        else:
-            means.append([value])
-        groups[column] = len(means) - 1
+        if clusters:
+            members = [*clusters[-1], column]
+            candidate = float(np.average(frequencies[members], weights=weights[members]))
+            allowed = max(1e-6, 1.5 * float(errors[members].max()))
+            fitted = sinusoid_values(positions, np.full(len(members), candidate), phases[members])
+            if np.abs(fitted - table[:, members]).max() <= allowed:
+                clusters[-1], values[-1] = members, candidate
+                continue
+        clusters.append([column])
+        values.append(float(frequencies[column]))
     # Number clusters by the first column that uses them, so a standard layout maps to 0, 1, 2, ….
-    first_use = {}
+    groups = np.zeros(len(frequencies), dtype=np.int64)
+    for index, members in enumerate(clusters):
+        groups[members] = index
+    first_use: dict[int, int] = {}
     for group in groups:
         first_use.setdefault(int(group), len(first_use))
     renumbered = np.array([first_use[int(g)] for g in groups], dtype=np.int64)
-    values = np.empty(len(means))
+    shared = np.empty(len(clusters))
     for old, new in first_use.items():
-        values[new] = np.mean(means[old])
-    return values, renumbered
+        shared[new] = values[old]
+    return shared, renumbered
 
 
 def sinusoid_values(positions: np.ndarray, frequencies: np.ndarray, phases: np.ndarray) -> np.ndarray:
@@ -100,26 +121,49 @@ def fit_sinusoid(table: np.ndarray, tolerance: float = SINUSOID_TOLERANCE) -> Si
     if not np.all((np.abs(first) <= tolerance) | (phases == COS)):
         return None
     frequencies = _refine(table, phases, _coarse(second, third, phases))
-    frequencies = _snap_to_base(frequencies)
-    error = float(np.max(np.abs(sinusoid_values(np.arange(table.shape[0]), frequencies, phases) - table)))
+    frequencies = _least_squares(table, phases, frequencies)
+    positions = np.arange(table.shape[0])
+    errors = np.abs(sinusoid_values(positions, frequencies, phases) - table).max(axis=0)
+    if errors.max() > tolerance:
+        return None
+    shared, groups = group_columns(table, frequencies, phases, errors)
+    shared = _snap_to_base(shared, table, phases, groups)
+    frequencies = shared[groups]
+    error = float(np.max(np.abs(sinusoid_values(positions, frequencies, phases) - table)))
     if error > tolerance:
         return None
-    return SinusoidFit(frequencies, phases, error, _layout(frequencies, phases))
+    return SinusoidFit(frequencies, phases, error, _layout(phases, groups), groups, shared)
 
 
-def _snap_to_base(frequencies: np.ndarray) -> np.ndarray:
-    """Where the frequencies are a base's b^(-2i/d), use the exact values (float64) instead of estimates."""
-    fit = SinusoidFit(frequencies, np.zeros(len(frequencies), dtype=np.int64), 0.0, "")
+def _least_squares(table: np.ndarray, phases: np.ndarray, estimate: np.ndarray, steps: int = 3) -> np.ndarray:
+    """Gauss-Newton on every row: low frequencies, whose cosine barely moves from 1, are
+    pinned down by the whole column rather than by the one row the doubling walk could use."""
+    positions = np.arange(table.shape[0], dtype=np.float64)[:, None]
+    for _ in range(steps):
+        angles = positions * estimate[None, :]
+        model = np.where(phases == SIN, np.sin(angles), np.cos(angles))
+        slope = np.where(phases == SIN, np.cos(angles), -np.sin(angles)) * positions
+        denominator = (slope**2).sum(axis=0)
+        step = np.where(denominator > 0, ((table - model) * slope).sum(axis=0) / np.maximum(denominator, 1e-300), 0.0)
+        estimate = estimate + step
+    return estimate
+
+
+def _snap_to_base(shared: np.ndarray, table: np.ndarray, phases: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Where the shared frequencies are a base's b^(-2i/d), use the exact float64 values, if they fit no worse."""
+    fit = SinusoidFit(shared[groups], phases, 0.0, "", groups, shared)
     base = fit.base
     if base is None:
-        return frequencies
-    values, groups = fit.unique
+        return shared
+    positions = np.arange(table.shape[0])
+    current = np.abs(sinusoid_values(positions, shared[groups], phases) - table).max()
     for candidate in (round(base), base):  # 10000.0002 is 10000
-        exact = standard_frequencies(2 * len(values), float(candidate))
-        nearest = exact[np.argmin(np.abs(exact[None, :] - values[:, None]), axis=1)]
-        if np.allclose(nearest, values, rtol=1e-5):
-            return nearest[groups]
-    return frequencies
+        exact = standard_frequencies(2 * len(shared), float(candidate))
+        nearest = exact[np.argmin(np.abs(exact[None, :] - shared[:, None]), axis=1)]
+        snapped = np.abs(sinusoid_values(positions, nearest[groups], phases) - table).max()
+        if snapped <= max(current, 1e-7) * 1.01:
+            return nearest
+    return shared
 
 
 def _coarse(second: np.ndarray, third: np.ndarray, phases: np.ndarray) -> np.ndarray:
@@ -137,6 +181,7 @@ def _refine(table: np.ndarray, phases: np.ndarray, estimate: np.ndarray) -> np.n
     row ends the walk."""
     last = table.shape[0] - 1
     positions = [2**k for k in range(1, 64) if 2**k < last] + [last]
+    updated = np.zeros(len(phases), dtype=bool)
     for position in positions:
         value = np.clip(table[position], -1.0, 1.0)
         predicted = position * estimate
@@ -151,24 +196,29 @@ def _refine(table: np.ndarray, phases: np.ndarray, estimate: np.ndarray) -> np.n
             best = (
                 angle if best is None else np.where(np.abs(angle - predicted) < np.abs(best - predicted), angle, best)
             )
-        estimate = np.where(np.abs(value) < 0.9999, best / position, estimate)
-    return estimate
+        usable = np.abs(value) < 0.9999
+        estimate = np.where(usable, best / position, estimate)
+        updated |= usable
+    # A cosine that never left 0.9999 has its whole angle below 0.015 rad: read it off the last row,
+    # so that the least-squares step starts with a slope to follow.
+    slow = (phases == COS) & ~updated
+    return np.where(slow, np.arccos(np.clip(table[last], -1.0, 1.0)) / last, estimate)
 
 
-def _layout(frequencies: np.ndarray, phases: np.ndarray) -> str:
+def _layout(phases: np.ndarray, groups: np.ndarray) -> str:
     d = len(phases)
     if d % 2 == 0:
         if (
             np.all(phases[0::2] == SIN)
             and np.all(phases[1::2] == COS)
-            and np.allclose(frequencies[0::2], frequencies[1::2])
+            and np.array_equal(groups[0::2], groups[1::2])
         ):
             return "interleaved"
         half = d // 2
         if (
             np.all(phases[:half] == SIN)
             and np.all(phases[half:] == COS)
-            and np.allclose(frequencies[:half], frequencies[half:])
+            and np.array_equal(groups[:half], groups[half:])
         ):
             return "halves"
     if np.all(phases == COS):
