@@ -25,6 +25,11 @@ def _keras() -> tuple[Any, Any, Any]:
     return keras, tf, layers
 
 
+def _tf_layers() -> tuple[Any, Any]:
+    _, tf, layers = _keras()
+    return tf, layers
+
+
 def _encoder(seq_len: int | None, position: Callable[[Any, Any], Any], extra_inputs: tuple[str, ...] = ()) -> Any:
     keras, _, layers = _keras()
     keras.utils.set_random_seed(0)
@@ -41,7 +46,7 @@ def _encoder(seq_len: int | None, position: Callable[[Any, Any], Any], extra_inp
 
 def sinusoid_constant(seq_len: int | None, base: float = 10000.0, length: int = MAX_LEN, width: int = WIDTH) -> Any:
     """Interleaved sin/cos table held as a constant [L, d] (the classic layer)."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class SinusoidConstant(layers.Layer):
         def __init__(self, **kwargs: Any) -> None:
@@ -56,7 +61,7 @@ def sinusoid_constant(seq_len: int | None, base: float = 10000.0, length: int = 
 
 def sinusoid_computed(seq_len: int | None) -> Any:
     """The seed's "dynamic" layer: concatenated [sin ‖ cos] halves computed in-graph from range."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class SinusoidComputed(layers.Layer):
         def call(self, x: Any) -> Any:
@@ -70,7 +75,7 @@ def sinusoid_computed(seq_len: int | None) -> Any:
 
 def learned(seq_len: int | None) -> Any:
     """BERT-style learned table: a variable named position_embedding/embeddings."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class LearnedPositions(layers.Layer):
         def build(self, input_shape: Any) -> None:
@@ -84,7 +89,7 @@ def learned(seq_len: int | None) -> Any:
 
 def hybrid(seq_len: int | None) -> Any:
     """Fixed sinusoid plus a learnable offset: pe + 0.1 * offset."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class HybridPositions(layers.Layer):
         def build(self, input_shape: Any) -> None:
@@ -100,7 +105,7 @@ def hybrid(seq_len: int | None) -> Any:
 
 def masked(seq_len: int | None) -> Any:
     """Padding-masked encoding: the table is multiplied by the run-time attention mask."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class MaskedPositions(layers.Layer):
         def __init__(self, **kwargs: Any) -> None:
@@ -119,7 +124,7 @@ def masked(seq_len: int | None) -> Any:
 
 def relative(seq_len: int | None) -> Any:
     """Shaw et al.: a [2K+1, d] table gathered by the clipped distance matrix, used as attention bias."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class RelativePositions(layers.Layer):
         def build(self, input_shape: Any) -> None:
@@ -140,7 +145,7 @@ def relative(seq_len: int | None) -> Any:
 
 def rotary(seq_len: int | None) -> Any:
     """RoPE: cos/sin caches computed in-graph, applied by rotating feature pairs."""
-    keras, tf, layers = _keras()
+    tf, layers = _tf_layers()
 
     class Rotary(layers.Layer):
         def call(self, x: Any) -> Any:

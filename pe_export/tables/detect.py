@@ -25,6 +25,7 @@ class TableInfo:
     value: np.ndarray = field(repr=False)
     fit: SinusoidFit | None = None
     notes: list[str] = field(default_factory=list)
+    relative: tuple[np.ndarray, np.ndarray] | None = None  # (table, T×T index) behind a folded gather
 
     @property
     def nbytes(self) -> int:
@@ -47,28 +48,35 @@ def find_tables(
     *,
     original_consts: dict[str, np.ndarray],
     variables: dict[str, np.ndarray],
-    hybrids: set[str],
+    hybrids: dict[str, np.ndarray],
+    relatives: dict[str, np.ndarray] | None = None,
     wanted: tuple[str, ...] = (),
 ) -> list[TableInfo]:
     """Every Const that is a position table: sinusoids by value; learned ones by name or ``wanted``."""
     consumers = _consumers(graph_def)
     nodes = {node.name: node for node in graph_def.node}
     tables = []
+    relatives = relatives or {}
     for node in graph_def.node:
         if node.op != "Const" or node.attr["dtype"].type not in (1, 19):  # DT_FLOAT, DT_HALF
             continue
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
+        if node.name in relatives and len(dims) == 3:
+            tables.append(_folded_relative(node, relatives[node.name], variables))
+            continue
         if not _table_shaped(dims):
             continue
         value = const_value(node)
         rows = value.reshape(-1, value.shape[-1])
-        variable = _matching_variable(value, variables)
+        # At a fixed length the slice table[:T] is folded too: match leading rows to find the origin.
+        variable = _origin(rows, variables)
+        hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
         readable = variable or _scope_name(node.name, consumers)
         lowered = readable.lower()
         named = any(word in lowered for word in POSITION_WORDS) or any(w in readable for w in wanted)
         fit = fit_sinusoid(rows)
         index = _relative_index(node.name, consumers, nodes)
-        if node.name in hybrids:
+        if hybrid:
             kind = "hybrid"
         elif index is not None:
             kind = "relative"
@@ -78,18 +86,49 @@ def find_tables(
             kind = "learned"
         else:
             continue
-        constant = node.name in original_consts or _matching_variable(value, original_consts) is not None
+        constant = node.name in original_consts or _origin(rows, original_consts) is not None
         source = "variable" if variable else ("constant" if constant else "computed")
         info = TableInfo(node.name, readable, source, kind, tuple(value.shape), value.dtype.name, value, fit)
         if index is not None:
-            info.notes.append(f"gathered by a {index[0]}×{index[1]} index constant ({index[0] * index[1] * 4:,} B)")
+            info.notes.append(index)
         if fit is not None and fit.base is not None:
             info.notes.append(f"base {fit.base:g}")
         masked_by = _masked_by(node.name, consumers, nodes)
         if masked_by:
-            info.notes.append(f"multiplied by run-time {masked_by} (kept)")
+            info.notes.append(f"multiplied by the run-time mask from {masked_by} (the mask stays)")
         tables.append(info)
     return tables
+
+
+def _folded_relative(node: Any, table: np.ndarray, variables: dict[str, np.ndarray]) -> TableInfo:
+    """A [T, T, d] constant that folding made from gathering a [2K+1, d] table: recover its index."""
+    folded = const_value(node)
+    rows = folded.reshape(-1, folded.shape[-1])
+    matches = np.all(rows[:, None, :] == table[None, :, :], axis=-1)
+    index = np.argmax(matches, axis=1).reshape(folded.shape[:2]).astype(np.int32)
+    name = _matching_variable(table, variables) or _readable(node.name)
+    info = TableInfo(node.name, name, "computed", "relative", tuple(folded.shape), folded.dtype.name, folded)
+    info.relative = (table, index) if matches.any(axis=1).all() else None
+    t = folded.shape[0]
+    info.notes.append(
+        f"folded at length {t} into a {t}x{t}x{folded.shape[2]} tensor ({folded.nbytes:,} B); the "
+        f"{table.shape[0]}x{table.shape[1]} table is {table.nbytes:,} B and its {t}x{t} index {index.nbytes:,} B"
+    )
+    return info
+
+
+def _input_behind(node: Any, nodes: dict[str, Any], depth: int = 8) -> str | None:
+    """The graph input a run-time operand comes from (through casts and reshapes), for the report."""
+    current = node
+    for _ in range(depth):
+        if current.op == "Placeholder":
+            return f"input {current.name}"
+        sources = [nodes.get(name.split(":")[0].lstrip("^")) for name in current.input]
+        sources = [s for s in sources if s is not None and s.op != "Const"]
+        if not sources:
+            break
+        current = sources[0]
+    return None
 
 
 def _scope_name(name: str, consumers: dict[str, list[tuple[Any, int]]]) -> str:
@@ -120,6 +159,16 @@ def _matching_variable(value: np.ndarray, variables: dict[str, np.ndarray]) -> s
     return None
 
 
+def _origin(rows: np.ndarray, candidates: dict[str, np.ndarray]) -> str | None:
+    """The candidate whose leading rows are exactly ``rows`` ([L, d] or a folded slice of it)."""
+    for name, array in candidates.items():
+        table = array.reshape(-1, array.shape[-1]) if array.ndim >= 2 else None
+        if table is not None and table.shape[1] == rows.shape[1] and table.shape[0] >= rows.shape[0]:
+            if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):
+                return name
+    return None
+
+
 def _consumers(graph_def: Any) -> dict[str, list[tuple[Any, int]]]:
     result: dict[str, list[tuple[Any, int]]] = {}
     for node in graph_def.node:
@@ -128,15 +177,17 @@ def _consumers(graph_def: Any) -> dict[str, list[tuple[Any, int]]]:
     return result
 
 
-def _relative_index(name: str, consumers: dict, nodes: dict) -> tuple[int, int] | None:
-    """A Shaw table is gathered by a constant [T, T] integer index (clipped distances)."""
+def _relative_index(name: str, consumers: dict, nodes: dict) -> str | None:
+    """A Shaw table is gathered by a [T, T] integer index of clipped distances."""
     for consumer, position in consumers.get(name, []):
         if consumer.op in ("GatherV2", "ResourceGather") and position == 0:
             index = nodes.get(consumer.input[1].split(":")[0])
             if index is not None and index.op == "Const":
                 dims = [d.size for d in index.attr["value"].tensor.tensor_shape.dim]
                 if len(dims) == 2 and dims[0] == dims[1] and dims[0] > 1:
-                    return dims[0], dims[1]
+                    return f"gathered by a {dims[0]}x{dims[1]} index constant ({dims[0] * dims[1] * 4:,} B)"
+            elif index is not None and index.op in ("AddV2", "Add", "ClipByValue", "Maximum", "Minimum"):
+                return "gathered by a T×T index of clipped distances computed at run time"
     return None
 
 
@@ -149,8 +200,9 @@ def _masked_by(name: str, consumers: dict, nodes: dict, depth: int = 6) -> str |
             for consumer, position in consumers.get(current, []):
                 if consumer.op == "Mul":
                     other = nodes.get(consumer.input[1 - position].split(":")[0])
-                    if other is not None and other.op != "Const":
-                        return other.name.split("/")[-2] if "/" in other.name else other.name
+                    source = _input_behind(other, nodes) if other is not None and other.op != "Const" else None
+                    if source and "mask" in source.lower():
+                        return source
                 elif consumer.op in _PASS_THROUGH and position == 0:
                     following.append(consumer.name)
         frontier = following

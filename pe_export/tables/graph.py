@@ -81,8 +81,37 @@ def materialize_static_dims(graph_def: Any) -> Any:
     return result
 
 
-def hybrid_sums(graph_def: Any) -> set[str]:
-    """Add nodes that sum a sinusoid Const and a (scaled) learned Const of the same shape."""
+def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
+    """Gathers of a [2K+1, d] table by computed indices (Shaw relative positions): node → table.
+
+    At a fixed length constant folding turns such a gather into a [T, T, d] constant, far
+    larger than the table and its T×T index together; these are undone in the rewrite.
+    """
+    from pe_export.tables.detect import const_value
+
+    nodes = {node.name: node for node in graph_def.node}
+
+    def source(name: str) -> Any:
+        node = nodes.get(name.split(":")[0].lstrip("^"))
+        while node is not None and node.op == "Identity":
+            node = nodes.get(node.input[0].split(":")[0])
+        return node
+
+    found = {}
+    for node in graph_def.node:
+        if node.op not in ("GatherV2", "ResourceGather") or len(node.input) < 2:
+            continue
+        params, indices = source(node.input[0]), source(node.input[1])
+        if params is None or params.op != "Const" or indices is None or indices.op == "Const":
+            continue
+        dims = [d.size for d in params.attr["value"].tensor.tensor_shape.dim]
+        if len(dims) == 2 and dims[0] >= 3 and dims[0] % 2 == 1:
+            found[node.name] = const_value(params)
+    return found
+
+
+def hybrid_sums(graph_def: Any) -> dict[str, np.ndarray]:
+    """Add nodes that sum a sinusoid Const and a (scaled) learned Const of the same shape → their sum."""
     from pe_export.tables.detect import const_value
 
     nodes = {node.name: node for node in graph_def.node}
@@ -93,7 +122,7 @@ def hybrid_sums(graph_def: Any) -> set[str]:
             node = nodes.get(node.input[0].split(":")[0])
         return node
 
-    found = set()
+    found: dict[str, np.ndarray] = {}
     for node in graph_def.node:
         if node.op not in ("Add", "AddV2") or len(node.input) != 2:
             continue
@@ -111,7 +140,7 @@ def hybrid_sums(graph_def: Any) -> set[str]:
                 break
         if len(values) == 2 and values[0].shape == values[1].shape and values[0].ndim >= 2:
             if any(fit_sinusoid(v.reshape(-1, v.shape[-1])) is not None for v in values):
-                found.add(node.name)
+                found[node.name] = (values[0] + values[1]).astype(np.float32)
     return found
 
 

@@ -94,6 +94,8 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
             )
     if not options.rewrites:
         return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
+    if table.relative is not None:
+        return _plan_relative(table)
     method = options.method
     if method == "auto":
         method = _auto_method(target, table, options)
@@ -123,6 +125,21 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
         warnings=result_warnings,
         compressed=compressed,
     )
+
+
+def _plan_relative(table: TableInfo) -> TableResult:
+    """Undo the folded gather: store the [2K+1, d] table and the T×T index, gather at run time."""
+    assert table.relative is not None
+    values, index = table.relative
+    compressed = Compressed(
+        "gather", True, {"table": values.astype(np.float64), "index": index},
+        rebuild=lambda p, a: a["table"][a["index"]],
+        emit=lambda tf, p, store: tf.gather(store.whole("table"), store.index("index") + p[0]),  # p[0] is 0 at run time
+    )  # fmt: skip
+    rebuilt = compressed.rebuild(np.arange(1), compressed.arrays)
+    error = float(np.max(np.abs(rebuilt - table.value)))
+    return TableResult(table, "gather", True, table.nbytes, compressed.stored_bytes(4), error, table.shape[0],
+                       compressed=compressed)  # fmt: skip
 
 
 def _auto_method(target: np.ndarray, table: TableInfo, options: TableOptions) -> str:
@@ -163,7 +180,7 @@ class PreparedGraph:
 
 def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableOptions) -> PreparedGraph:
     from pe_export.savedmodel import frozen_function, frozen_io_names, wrap_signature
-    from pe_export.tables.graph import fold_constants, hybrid_sums, materialize_static_dims
+    from pe_export.tables.graph import fold_constants, hybrid_sums, materialize_static_dims, relative_gathers
 
     options.validate()
     concrete = wrap_signature(signature, specs)
@@ -178,6 +195,7 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
         and len(node.attr["value"].tensor.tensor_shape.dim) >= 2
     }
     hybrids = hybrid_sums(graph_def)
+    relatives = relative_gathers(graph_def)
     input_nodes, output_nodes = [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {
@@ -185,7 +203,14 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
         for v in getattr(loaded.obj, "variables", [])
         if len(v.shape) >= 2
     }
-    tables = find_tables(folded, original_consts=original, variables=variables, hybrids=hybrids, wanted=options.names)
+    tables = find_tables(
+        folded,
+        original_consts=original,
+        variables=variables,
+        hybrids=hybrids,
+        relatives=relatives,
+        wanted=options.names,
+    )
     missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")

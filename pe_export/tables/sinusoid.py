@@ -208,11 +208,7 @@ def _refine(table: np.ndarray, phases: np.ndarray, estimate: np.ndarray) -> np.n
 def _layout(phases: np.ndarray, groups: np.ndarray) -> str:
     d = len(phases)
     if d % 2 == 0:
-        if (
-            np.all(phases[0::2] == SIN)
-            and np.all(phases[1::2] == COS)
-            and np.array_equal(groups[0::2], groups[1::2])
-        ):
+        if np.all(phases[0::2] == SIN) and np.all(phases[1::2] == COS) and np.array_equal(groups[0::2], groups[1::2]):
             return "interleaved"
         half = d // 2
         if (
