@@ -29,3 +29,25 @@ def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def variant_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """variant_model(name, seq_len, **builder_options) → SavedModel of a pe_export.reference.variants encoder."""
+    built: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("variants")
+
+    def get(name: str, seq_len: int | None, **options: object) -> Path:
+        key = (name, seq_len, tuple(sorted(options.items())))
+        if key not in built:
+            from pe_export.native import import_tensorflow
+            from pe_export.reference import variants
+
+            import_tensorflow()
+            builder = variants.VARIANTS[name][0] if name in variants.VARIANTS else getattr(variants, name)
+            path = root / f"{name}-{seq_len}-{len(built)}"
+            builder(seq_len, **options).export(str(path), verbose=False)
+            built[key] = path
+        return built[key]
+
+    return get

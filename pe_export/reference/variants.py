@@ -30,22 +30,34 @@ def _tf_layers() -> tuple[Any, Any]:
     return tf, layers
 
 
-def _encoder(seq_len: int | None, position: Callable[[Any, Any], Any], extra_inputs: tuple[str, ...] = ()) -> Any:
+def _encoder(
+    seq_len: int | None,
+    position: Callable[[Any, Any], Any],
+    extra_inputs: tuple[str, ...] = (),
+    width: int = WIDTH,
+    head: bool = True,
+) -> Any:
     keras, _, layers = _keras()
     keras.utils.set_random_seed(0)
     token_ids = keras.Input((seq_len,), dtype="int32", name="token_ids")
     inputs = {"token_ids": token_ids}
     for name in extra_inputs:
         inputs[name] = keras.Input((seq_len,), dtype="int32", name=name)
-    x = layers.Embedding(VOCAB, WIDTH, name="token_embedding")(token_ids)
+    x = layers.Embedding(VOCAB, width, name="token_embedding")(token_ids)
     x = position(x, inputs)
-    x = layers.LayerNormalization(epsilon=1e-6)(x)
-    x = layers.Dense(WIDTH, activation="gelu")(x)
+    if head:
+        x = layers.LayerNormalization(epsilon=1e-6)(x)
+        x = layers.Dense(WIDTH, activation="gelu")(x)
     return keras.Model(list(inputs.values()), {"sequence_output": x})
 
 
-def sinusoid_constant(seq_len: int | None, base: float = 10000.0, length: int = MAX_LEN, width: int = WIDTH) -> Any:
-    """Interleaved sin/cos table held as a constant [L, d] (the classic layer)."""
+def sinusoid_constant(
+    seq_len: int | None, base: float = 10000.0, length: int = MAX_LEN, width: int = WIDTH, head: bool = True
+) -> Any:
+    """Interleaved sin/cos table held as a constant [L, d] (the classic layer).
+
+    ``head=False`` outputs token embedding + positions directly, so a test can read the table back.
+    """
     tf, layers = _tf_layers()
 
     class SinusoidConstant(layers.Layer):
@@ -56,7 +68,7 @@ def sinusoid_constant(seq_len: int | None, base: float = 10000.0, length: int = 
         def call(self, x: Any) -> Any:
             return x + self.table[None, : tf.shape(x)[1]]
 
-    return _encoder(seq_len, lambda x, _: SinusoidConstant(name="position_encoding")(x))
+    return _encoder(seq_len, lambda x, _: SinusoidConstant(name="position_encoding")(x), width=width, head=head)
 
 
 def sinusoid_computed(seq_len: int | None) -> Any:
@@ -114,7 +126,7 @@ def masked(seq_len: int | None) -> Any:
 
         def call(self, x: Any, mask: Any) -> Any:
             positions = self.table[None, : tf.shape(x)[1]]
-            return x + positions * tf.cast(mask, tf.float32)[..., None]
+            return x + positions * tf.expand_dims(tf.cast(mask, tf.float32), -1)  # [..., None] would be Flex
 
     return _encoder(
         seq_len, lambda x, inputs: MaskedPositions(name="masked_position_encoding")(x, inputs["attention_mask"]),

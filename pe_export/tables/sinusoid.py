@@ -126,6 +126,8 @@ def fit_sinusoid(table: np.ndarray, tolerance: float = SINUSOID_TOLERANCE) -> Si
     errors = np.abs(sinusoid_values(positions, frequencies, phases) - table).max(axis=0)
     if errors.max() > tolerance:
         return None
+    if np.any(np.abs(frequencies) < 1e-9):
+        return None  # a constant column (sin 0·p = 0, cos 0·p = 1) carries no position: not a sinusoid table
     shared, groups = group_columns(table, frequencies, phases, errors)
     shared = _snap_to_base(shared, table, phases, groups)
     frequencies = shared[groups]

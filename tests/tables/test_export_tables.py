@@ -1,0 +1,148 @@
+"""Position tables end to end: every DESIGN.md variant detected and exported with parity;
+--compress shrinks the exported file by the table's size; lossy methods fail loudly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pe_export.api import export_onnx, export_tflite, find_position_tables
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+from pe_export.reference.variants import VARIANTS
+from pe_export.tables.pipeline import TableOptions
+from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, run_cli
+
+EXPORTS = {"tflite": (export_tflite, litert_outputs), "onnx": (export_onnx, onnxruntime_outputs)}
+DYNAMIC_KINDS = {  # at a dynamic length, tables computed from range(T) stay computations, not tables
+    "sinusoid_computed": (),
+    "rotary": (),
+}
+TABLE_BYTES_512 = 512 * 512 * 4
+
+
+def table_options_for(kinds: list[str]) -> TableOptions:
+    if kinds and all(k.startswith(("sinusoid", "rotary")) for k in kinds):
+        return TableOptions(compress=16)  # exact angle addition fits 16 values per position
+    return TableOptions(method="none")  # learned tables: frozen, gathered at run time
+
+
+@pytest.mark.parametrize("seq_len", [16, None])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_is_detected_and_exports_with_parity(variant: str, seq_len: int | None, variant_model,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    model = variant_model(variant, seq_len)
+    found = sorted(r.table.kind for r in find_position_tables(model, ExportOptions()))
+    expected = VARIANTS[variant][1] if seq_len else DYNAMIC_KINDS.get(variant, VARIANTS[variant][1])
+    assert found == sorted(expected), found
+    options = ExportOptions(tables=table_options_for(found))
+    for target, (export, _) in EXPORTS.items():
+        report = export(model, tmp_path / f"m.{target}", options)
+        assert report.exit_code == ExitCode.OK, (target, report.parity and report.parity.max_abs)
+        assert report.parity.max_abs <= 1e-4 and report.summary.flex_ops == []
+        assert all(t.exact and t.max_error <= 1e-5 for t in report.tables)
+
+
+@pytest.mark.parametrize("seq_len", [512, None])
+def test_compress_64_on_512x512_saves_the_table(seq_len: int | None, variant_model, tmp_path: Path) -> None:
+    model = variant_model("sinusoid_constant", seq_len, length=512, width=512)
+    length = seq_len or 512
+    feed = {"token_ids": np.random.default_rng(3).integers(1, 64, (2, length)).astype(np.int32)}
+    expected = reference_outputs(model, feed)
+    for target, (export, run) in EXPORTS.items():
+        plain = export(model, tmp_path / f"plain.{target}", ExportOptions(verify=False))
+        small = export(model, tmp_path / f"small.{target}", ExportOptions(tables=TableOptions(compress=64)))
+        saved = plain.summary.file_bytes - small.summary.file_bytes
+        (table,) = small.tables
+        print(f"{target} seq {seq_len}: {plain.summary.file_bytes:,} → {small.summary.file_bytes:,} B "
+              f"(saved {saved:,}), table {table.bytes_before:,} → {table.bytes_after:,} B, "
+              f"end-to-end {small.parity.max_abs:.2g}")  # fmt: skip
+        assert table.method == "angle" and table.exact and table.max_error < 1e-6
+        assert saved >= 0.9 * TABLE_BYTES_512
+        assert small.parity.max_abs <= 1e-4
+        error = max_abs_error(run(tmp_path / f"small.{target}", feed), expected)
+        assert error <= 1e-4, error
+
+
+def test_8192x256_table_shrinks_30x_exactly(variant_model, tmp_path: Path) -> None:
+    model = variant_model("sinusoid_constant", None, length=8192, width=256, head=False)
+    table_bytes = 8192 * 256 * 4
+    feed = {"token_ids": np.zeros((1, 8192), np.int32)}
+    expected = reference_outputs(model, feed)
+    for target, (export, run) in EXPORTS.items():
+        plain = export(model, tmp_path / f"plain.{target}", ExportOptions(verify=False))
+        compressed = ExportOptions(verify=False, tables=TableOptions(compress=64))
+        small = export(model, tmp_path / f"small.{target}", compressed)
+        footprint = table_bytes - (plain.summary.file_bytes - small.summary.file_bytes)
+        print(f"{target}: 8192x256 table {table_bytes:,} B takes {footprint:,} B in the file "
+              f"({table_bytes / footprint:.1f}x smaller)")  # fmt: skip
+        assert table_bytes / footprint >= 30
+        assert max_abs_error(run(tmp_path / f"small.{target}", feed), expected) <= 1e-5
+
+
+def test_seed_interp_is_reported_lossy_and_fails_without_allow_lossy(capfd, variant_model, tmp_path: Path) -> None:
+    model = variant_model("sinusoid_constant", None, length=512, width=512)
+    args = ["onnx", model, "-o", tmp_path / "m.onnx", "--compress", "64", "--compress-method", "interp"]
+    failed = run_cli(capfd, *args)
+    assert failed.exit_code == ExitCode.PARITY_FAILED
+    assert "lossy table compression breaks parity" in failed.stderr and "table error 2" in failed.stderr
+    assert "interp" in failed.stdout and "LOSSY" in failed.stdout
+    accepted = run_cli(capfd, *args, "--overwrite", "--allow-lossy")
+    assert accepted.exit_code == 0 and "lossy tables accepted by --allow-lossy" in accepted.stdout
+
+
+def test_svd_on_learned_table_reports_energy_and_end_to_end_error(variant_model, tmp_path: Path) -> None:
+    model = variant_model("learned", None)
+    strict = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(compress=8, method="svd")))
+    (table,) = strict.tables
+    print(f"learned 64x32, svd rank {table.notes['rank']}: energy kept {table.notes['energy_kept']:.3f}, "
+          f"table error {table.max_error:.3g}, end-to-end {strict.parity.max_abs:.3g}")  # fmt: skip
+    assert table.method == "svd" and not table.exact and 0 < table.notes["energy_kept"] < 1
+    assert strict.exit_code == ExitCode.PARITY_FAILED and strict.parity.max_abs > 1e-4
+    options = ExportOptions(overwrite=True, tables=TableOptions(compress=8, method="svd", allow_lossy=True))
+    assert export_onnx(model, tmp_path / "m.onnx", options).exit_code == ExitCode.OK
+
+
+def test_max_len_regenerates_the_sinusoid_exactly(variant_model, tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from pe_export.tables.sinusoid import sinusoid_table
+
+    model = variant_model("sinusoid_constant", None, length=512, width=64, head=False)
+    embedding = next(v.numpy() for v in tf.saved_model.load(str(model)).variables if "token_embedding" in v.name)
+    feed = {"token_ids": np.zeros((1, 1024), np.int32)}
+    formula = sinusoid_table(1024, 64)
+    for target, (export, run) in EXPORTS.items():
+        report = export(model, tmp_path / f"m.{target}", ExportOptions(tables=TableOptions(max_len=1024)))
+        assert report.exit_code == ExitCode.OK and report.tables[0].rows == 1024
+        positions = run(tmp_path / f"m.{target}", feed)["sequence_output"][0] - embedding[0]
+        assert np.abs(positions[512:] - formula[512:]).max() <= 1e-5
+        assert np.abs(positions[:512] - formula[:512]).max() <= 1e-5
+
+
+def test_float16_tables(variant_model, tmp_path: Path) -> None:
+    model = variant_model("sinusoid_constant", None, length=512, width=512)
+    for tables in (TableOptions(compress=64, table_dtype="float16"), TableOptions(table_dtype="float16")):
+        for target, (export, run) in EXPORTS.items():
+            report = export(model, tmp_path / f"m.{target}", ExportOptions(overwrite=True, tables=tables))
+            (table,) = report.tables
+            assert report.exit_code == ExitCode.OK and report.parity.precision == "fp16"
+            assert np.isfinite(table.max_error) and table.max_error <= 1e-3
+            assert table.bytes_after <= table.bytes_before // 2 + 64
+            feed = {"token_ids": np.random.default_rng(0).integers(1, 64, (2, 512)).astype(np.int32)}
+            out = run(tmp_path / f"m.{target}", feed)["sequence_output"]
+            assert np.isfinite(out).all()
+
+
+def test_list_tables_and_unknown_table_name(capfd, variant_model, tmp_path: Path) -> None:
+    model = variant_model("masked", 16)
+    listed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--list-tables")
+    assert listed.exit_code == 0 and "sinusoid-interleaved" in listed.stdout and "attention_mask" in listed.stdout
+    assert not (tmp_path / "m.tflite").exists()
+    unknown = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--list-tables", "--table", "nope")
+    assert unknown.exit_code == ExitCode.BAD_INPUT and "--table nope" in unknown.stderr
+    angle = run_cli(capfd, "tflite", variant_model("learned", 16), "-o", tmp_path / "m.tflite", "--compress", "8",
+                    "--compress-method", "angle")  # fmt: skip
+    assert angle.exit_code == ExitCode.BAD_INPUT and "it is not a sinusoid" in angle.stderr
