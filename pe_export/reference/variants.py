@@ -71,6 +71,26 @@ def sinusoid_constant(
     return _encoder(seq_len, lambda x, _: SinusoidConstant(name="position_encoding")(x), width=width, head=head)
 
 
+def sinusoid_encoder(
+    seq_len: int | None, length: int = 512, width: int = 512, depth: int = 2, heads: int = 8, ffn: int = 2048
+) -> Any:
+    """A deployment-sized encoder around a constant sinusoid table: ``depth`` blocks of
+    multi-head attention and an exact-GELU feed-forward, post-LayerNorm (for benchmarks)."""
+    tf, layers = _tf_layers()
+    table = sinusoid_table(length, width).astype("float32")
+
+    def body(x: Any, _: Any) -> Any:
+        positions = tf.constant(table)
+        x = layers.Lambda(lambda t: t + positions[None, : tf.shape(t)[1]], name="position_encoding")(x)
+        for _ in range(depth):
+            x = layers.LayerNormalization(epsilon=1e-6)(x + layers.MultiHeadAttention(heads, width // heads)(x, x))
+            hidden = layers.Dense(width)(layers.Dense(ffn, activation="gelu")(x))
+            x = layers.LayerNormalization(epsilon=1e-6)(x + hidden)
+        return x
+
+    return _encoder(seq_len, body, width=width, head=False)
+
+
 def sinusoid_computed(seq_len: int | None) -> Any:
     """The seed's "dynamic" layer: concatenated [sin ‖ cos] halves computed in-graph from range."""
     tf, layers = _tf_layers()

@@ -81,6 +81,25 @@ def materialize_static_dims(graph_def: Any) -> Any:
     return result
 
 
+def prefix_slices_only(graph_def: Any, node_name: str) -> bool:
+    """True when every reader of the Const slices rows from 0 to an end known only at run time."""
+    from pe_export.tables.detect import const_value
+
+    nodes = {node.name: node for node in graph_def.node}
+    readers = [node for node in graph_def.node if any(i.split(":")[0] == node_name for i in node.input)]
+    if not readers:
+        return False
+    for reader in readers:
+        if reader.op != "StridedSlice" or reader.input[0].split(":")[0] != node_name:
+            return False
+        begin, end = nodes.get(reader.input[1].split(":")[0]), nodes.get(reader.input[2].split(":")[0])
+        if begin is None or begin.op != "Const" or np.any(const_value(begin) != 0):
+            return False
+        if end is None or end.op == "Const":
+            return False
+    return True
+
+
 def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
     """Gathers of a [2K+1, d] table by computed indices (Shaw relative positions): node → table.
 
@@ -149,6 +168,7 @@ def splice_rebuild(
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]],
     seed: tuple[str, str],
     target: str,
+    prefix_only: set[str] = frozenset(),
 ) -> Any:
     """Replace each named Const with ops that rebuild it from stored arrays at run time.
 
@@ -158,18 +178,25 @@ def splice_rebuild(
     that is what stops the converters from folding the rebuild back into the full table.
     ``target`` ("tflite" or "onnx") picks how half-precision arrays are read: TFLite's GATHER
     takes no float16, so there they travel as int16 bit patterns and are bitcast.
+    Tables in ``prefix_only`` are read only through slices from row 0 up to a run-time end (the
+    sequence length): for those only min(L, T) rows are rebuilt, T being the seed's axis 1.
     """
     tf = import_tensorflow()
-    seed_name, seed_dtype = seed
+    seed_name, seed_dtype, seed_shape = seed
     with tf.Graph().as_default() as scratch:
-        placeholder = tf.compat.v1.placeholder(tf.as_dtype(seed_dtype), name=seed_name)
+        placeholder = tf.compat.v1.placeholder(tf.as_dtype(seed_dtype), shape=seed_shape, name=seed_name)
         with tf.name_scope(SEED_SCOPE):
             magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
             zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name="run_time_zero")
+            sequence_length = tf.shape(placeholder)[1]
         for index, (node_name, (compressed, shape, rows, storage)) in enumerate(replacements.items()):
             with tf.name_scope(f"{SEED_SCOPE}/table_{index}"):
                 store = Store(tf, compressed.arrays, storage, target, zero)
-                positions = tf.range(rows, dtype=tf.int32) + zero
+                if node_name in prefix_only:
+                    positions = tf.range(tf.minimum(rows, sequence_length), dtype=tf.int32) + zero
+                    shape = (*shape[:-2], -1, shape[-1])
+                else:
+                    positions = tf.range(rows, dtype=tf.int32) + zero
                 rebuilt = compressed.emit(tf, positions, store)
             tf.reshape(rebuilt, shape, name=node_name)
     added = [node for node in scratch.as_graph_def().node if node.name != seed_name]

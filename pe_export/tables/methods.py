@@ -147,17 +147,20 @@ def _angle_rebuild(positions: np.ndarray, a: dict[str, np.ndarray], columns: np.
 
 
 def _angle_emit(tf: Any, positions: Any, store: Any, columns: np.ndarray) -> Any:
-    q = tf.math.floordiv(positions, store.index("block"))
-    r = tf.math.floormod(positions, store.index("block"))
-    sin_q, cos_q = store.take("start_sin", q), store.take("start_cos", q)
-    sin_r, cos_r = store.take("offset_sin", r), store.take("offset_cos", r)
-    sines, cosines = sin_q * cos_r + cos_q * sin_r, cos_q * cos_r - sin_q * sin_r
-    unique = len(columns) // 2
+    """Rows 0 … n-1 (positions is range(n) plus the run-time zero): every (block start, offset)
+    pair by broadcasting, [Q, B, u] → [Q·B, u], then cut to n rows. No per-row gathers."""
+    count = tf.shape(positions)[0]
+    block = store.index("block")
+    starts = tf.math.floordiv(count + block - 1, block)
+    first = tf.range(starts) + positions[0]  # positions[0] is the run-time zero
+    sin_q, cos_q = store.take("start_sin", first)[:, None, :], store.take("start_cos", first)[:, None, :]
+    sin_r, cos_r = store.whole("offset_sin")[None, :, :], store.whole("offset_cos")[None, :, :]
+    unique = len(columns) // 2 if len(columns) % 2 == 0 else None
+    sines = tf.reshape(sin_q * cos_r + cos_q * sin_r, [-1, sin_r.shape[-1]])[:count]
+    cosines = tf.reshape(cos_q * cos_r - sin_q * sin_r, [-1, sin_r.shape[-1]])[:count]
     if np.array_equal(columns, np.arange(len(columns))):  # halves: [sin ‖ cos]
         return tf.concat([sines, cosines], axis=-1)
-    if len(columns) % 2 == 0 and np.array_equal(
-        columns, np.stack([np.arange(unique), unique + np.arange(unique)], 1).ravel()
-    ):
+    if unique and np.array_equal(columns, np.stack([np.arange(unique), unique + np.arange(unique)], 1).ravel()):
         return tf.reshape(tf.stack([sines, cosines], axis=-1), [-1, len(columns)])  # interleaved
     return tf.gather(tf.concat([sines, cosines], axis=-1), store.index("columns"), axis=1)
 

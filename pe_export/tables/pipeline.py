@@ -167,7 +167,8 @@ class PreparedGraph:
     tables: list[TableInfo]
     results: list[TableResult]
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]] = field(default_factory=dict)
-    seed: tuple[str, str] = ("", "")
+    seed: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
+    prefix_only: set[str] = field(default_factory=set)
 
     def graph_def(self, target: str) -> Any:
         """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time."""
@@ -175,12 +176,18 @@ class PreparedGraph:
 
         if not self.replacements:
             return self.folded
-        return splice_rebuild(self.folded, self.replacements, self.seed, target)
+        return splice_rebuild(self.folded, self.replacements, self.seed, target, self.prefix_only)
 
 
 def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableOptions) -> PreparedGraph:
     from pe_export.savedmodel import frozen_function, frozen_io_names, wrap_signature
-    from pe_export.tables.graph import fold_constants, hybrid_sums, materialize_static_dims, relative_gathers
+    from pe_export.tables.graph import (
+        fold_constants,
+        hybrid_sums,
+        materialize_static_dims,
+        prefix_slices_only,
+        relative_gathers,
+    )
 
     options.validate()
     concrete = wrap_signature(signature, specs)
@@ -228,5 +235,9 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
         shape[-2] = result.rows
         replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
     seed_tensor = next(iter(inputs))
-    seed = (seed_tensor.split(":")[0], next(s.dtype for s in specs if s.name == inputs[seed_tensor]))
-    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed)
+    seed_spec = next(s for s in specs if s.name == inputs[seed_tensor])
+    seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
+    prefix_only = set()
+    if len(seed_spec.shape) >= 2:
+        prefix_only = {name for name in replacements if prefix_slices_only(folded, name)}
+    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed, prefix_only)
