@@ -147,22 +147,35 @@ def _angle_rebuild(positions: np.ndarray, a: dict[str, np.ndarray], columns: np.
 
 
 def _angle_emit(tf: Any, positions: Any, store: Any, columns: np.ndarray) -> Any:
-    """Rows 0 … n-1 (positions is range(n) plus the run-time zero): every (block start, offset)
-    pair by broadcasting, [Q, B, u] → [Q·B, u], then cut to n rows. No per-row gathers."""
-    count = tf.shape(positions)[0]
-    block = store.index("block")
-    starts = tf.math.floordiv(count + block - 1, block)
-    first = tf.range(starts) + positions[0]  # positions[0] is the run-time zero
-    sin_q, cos_q = store.take("start_sin", first)[:, None, :], store.take("start_cos", first)[:, None, :]
-    sin_r, cos_r = store.whole("offset_sin")[None, :, :], store.whole("offset_cos")[None, :, :]
-    unique = len(columns) // 2 if len(columns) % 2 == 0 else None
-    sines = tf.reshape(sin_q * cos_r + cos_q * sin_r, [-1, sin_r.shape[-1]])[:count]
-    cosines = tf.reshape(cos_q * cos_r - sin_q * sin_r, [-1, sin_r.shape[-1]])[:count]
-    if np.array_equal(columns, np.arange(len(columns))):  # halves: [sin ‖ cos]
-        return tf.concat([sines, cosines], axis=-1)
-    if unique and np.array_equal(columns, np.stack([np.arange(unique), unique + np.arange(unique)], 1).ravel()):
-        return tf.reshape(tf.stack([sines, cosines], axis=-1), [-1, len(columns)])  # interleaved
-    return tf.gather(tf.concat([sines, cosines], axis=-1), store.index("columns"), axis=1)
+    """row(p) = A1[q]·B1[r] + A2[q]·B2[r], every factor already laid out per column.
+
+    The per-column factors are expanded at run time from the per-frequency arrays, which are
+    small (⌈L/B⌉ and B rows): sine columns take A1 = sin(qBw), A2 = cos(qBw); cosine columns
+    A1 = cos(qBw), A2 = -sin(qBw); B1 = cos(rw), B2 = sin(rw). The big [n, d] work is then four
+    gathers, two products and a sum, with no interleaving of full-size tensors.
+    """
+    width = len(columns)
+    sin_q, cos_q = store.whole("start_sin"), store.whole("start_cos")
+    sin_r, cos_r = store.whole("offset_sin"), store.whole("offset_cos")
+    if np.array_equal(columns, np.arange(width)):  # halves: [sin ‖ cos]
+        a1, a2 = tf.concat([sin_q, cos_q], 1), tf.concat([cos_q, -sin_q], 1)
+        b1, b2 = tf.concat([cos_r, cos_r], 1), tf.concat([sin_r, sin_r], 1)
+    elif _standard_columns(columns):  # interleaved: sin, cos, sin, cos, …
+
+        def interleave(first: Any, second: Any) -> Any:
+            return tf.reshape(tf.stack([first, second], axis=-1), [-1, width])
+
+        a1, a2 = interleave(sin_q, cos_q), interleave(cos_q, -sin_q)
+        b1, b2 = interleave(cos_r, cos_r), interleave(sin_r, sin_r)
+    else:
+        index = store.index("columns")
+        a1 = tf.gather(tf.concat([sin_q, cos_q], 1), index, axis=1)
+        a2 = tf.gather(tf.concat([cos_q, -sin_q], 1), index, axis=1)
+        frequency = tf.math.floormod(index, sin_r.shape[-1])
+        b1, b2 = tf.gather(cos_r, frequency, axis=1), tf.gather(sin_r, frequency, axis=1)
+    q = tf.math.floordiv(positions, store.index("block"))
+    r = tf.math.floormod(positions, store.index("block"))
+    return tf.gather(a1, q) * tf.gather(b1, r) + tf.gather(a2, q) * tf.gather(b2, r)
 
 
 @register_method("svd")
