@@ -257,14 +257,19 @@ def demo(ctx: click.Context, out: Path | None) -> int:
         click.echo(f"… {message}", err=True)
 
     result = run_demo(out or DEFAULT_DEMO_DIR, progress=progress, quiet=not ctx.obj["verbose"])
-    header = f"{'variant':<20} {'file bytes':>11} {'const bytes':>11} {'max abs err':>12} {'cosine':>10}  verdict"
+    header = (
+        f"{'variant':<20} {'file bytes':>11} {'const bytes':>11} {'table bytes':>11} {'table err':>9} "
+        f"{'max abs err':>12} {'cosine':>10}  verdict"
+    )
     lines = [f"reference encoder: {result.saved_model}", header]
     for row in result.rows():
         error = "-" if row["max_abs_error"] is None else f"{row['max_abs_error']:.3g}"
         cosine = "-" if row["min_cosine"] is None else f"{row['min_cosine']:.6f}"
+        table = "-" if row["table_bytes"] is None else f"{row['table_bytes']:,}"
+        table_error = "-" if row["table_max_error"] is None else f"{row['table_max_error']:.2g}"
         lines.append(
-            f"{row['variant']:<20} {row['file_bytes']:>11,} {row['constant_bytes']:>11,} {error:>12} {cosine:>10}"
-            f"  {row['verdict']}"
+            f"{row['variant']:<20} {row['file_bytes']:>11,} {row['constant_bytes']:>11,} {table:>11} "
+            f"{table_error:>9} {error:>12} {cosine:>10}  {row['verdict']}"
         )
     lines.append(f"report: {result.directory / 'report.json'}")
     click.echo("\n".join(lines))

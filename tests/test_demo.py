@@ -15,9 +15,18 @@ def test_demo_exports_and_verifies_every_variant(capfd, tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "demo" / "report.json").read_text())["variants"]
     assert [r["variant"] for r in rows] == [
         "tflite fp32", "tflite float16", "tflite dynamic-int8", "onnx fp32", "onnx float16", "onnx dynamic-int8",
+        "tflite compress 16", "onnx compress 16", "tflite seed interp",
     ]  # fmt: skip
-    assert all(r["verdict"] == "PASS" for r in rows)
     by_name = {r["variant"]: r for r in rows}
+    assert all(r["verdict"] == "PASS" for name, r in by_name.items() if name != "tflite seed interp")
+    # Exact compression: no loss; the write-up's recipe: visibly worse, accepted only as a counter-example.
+    assert (
+        by_name["tflite compress 16"]["max_abs_error"] <= 1e-4
+        and by_name["tflite compress 16"]["table_max_error"] < 1e-6
+    )
+    assert by_name["tflite seed interp"]["verdict"] == "LOSSY (accepted)"
+    assert by_name["tflite seed interp"]["table_max_error"] > 0.1
+    assert by_name["tflite seed interp"]["max_abs_error"] > 100 * by_name["tflite compress 16"]["max_abs_error"]
     assert by_name["tflite fp32"]["max_abs_error"] <= 1e-4 and by_name["onnx fp32"]["max_abs_error"] <= 1e-4
     assert by_name["tflite float16"]["constant_bytes"] < by_name["tflite fp32"]["constant_bytes"]
     for row in rows:

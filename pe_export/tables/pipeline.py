@@ -92,7 +92,10 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
                 f"{table.name}: learned table stretched from {length} to {options.max_len} rows by linear "
                 "interpolation — an approximation, not what the model was trained with"
             )
-    if not options.rewrites:
+    within_budget = options.compress is not None and rows.shape[1] <= options.compress
+    plain_otherwise = options.method == "auto" and options.table_dtype == "float32" and target is rows
+    if not options.rewrites or (within_budget and plain_otherwise):
+        # Nothing asked, or the table already stores no more than K values per position.
         return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
     if table.relative is not None:
         return _plan_relative(table)
