@@ -130,12 +130,10 @@ class _Job:
 def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
     from pe_export.savedmodel import (
         check_savedmodel_dir,
-        frozen_graph_def,
-        integer_input_bounds,
+        input_bounds,
         load_savedmodel,
         savedmodel_digest,
         signature_input_specs,
-        wrap_signature,
     )
 
     options.validate(target)
@@ -144,10 +142,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     specs = options.export_specs(signature_input_specs(signature))
-    bounds: dict[str, int] = {}
-    if any(spec.is_integer for spec in specs):
-        graph = frozen_graph_def(wrap_signature(signature, specs))
-        bounds = integer_input_bounds(graph, [spec.name for spec in specs])
+    bounds = input_bounds(signature, specs)
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None

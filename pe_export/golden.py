@@ -68,13 +68,11 @@ def make_golden(
     from pe_export.runners.savedmodel import SavedModelRunner
     from pe_export.savedmodel import (
         check_savedmodel_dir,
-        frozen_graph_def,
-        integer_input_bounds,
+        input_bounds,
         load_savedmodel,
         savedmodel_digest,
         signature_input_specs,
         signature_output_specs,
-        wrap_signature,
     )
 
     options.validate()
@@ -90,9 +88,7 @@ def make_golden(
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
     seq_len = options.seq_len or _fixed_seq_len(model_specs) or _user_seq_len(user_arrays) or GOLDEN_SEQ_LEN
     specs = [_sized(spec, seq_len) for spec in model_specs]
-    bounds = {}
-    if any(spec.is_integer for spec in specs):
-        bounds = integer_input_bounds(frozen_graph_def(wrap_signature(signature, specs)), [s.name for s in specs])
+    bounds = input_bounds(signature, specs)
     batches = (
         _user_batches(options.inputs, user_arrays, specs, options.batch)
         if options.inputs and user_arrays is not None

@@ -183,3 +183,10 @@ def _const_rows(node: Any) -> int | None:
         return None
     dims = node.attr["value"].tensor.tensor_shape.dim
     return int(dims[0].size) if dims else None
+
+
+def input_bounds(signature: Any, specs: list[TensorSpec]) -> dict[str, int]:
+    """Exclusive upper bounds of integer inputs that index tables (vocabulary, segment types)."""
+    if not any(spec.is_integer for spec in specs):
+        return {}
+    return integer_input_bounds(frozen_graph_def(wrap_signature(signature, specs)), [spec.name for spec in specs])

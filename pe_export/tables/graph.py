@@ -100,6 +100,14 @@ def prefix_slices_only(graph_def: Any, node_name: str) -> bool:
     return True
 
 
+def _through_identity(nodes: dict[str, Any], name: str) -> Any:
+    """The node behind an input name, skipping Identity nodes."""
+    node = nodes.get(name.split(":")[0].lstrip("^"))
+    while node is not None and node.op == "Identity":
+        node = nodes.get(node.input[0].split(":")[0])
+    return node
+
+
 def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
     """Gathers of a [2K+1, d] table by computed indices (Shaw relative positions): node → table.
 
@@ -111,10 +119,7 @@ def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
     nodes = {node.name: node for node in graph_def.node}
 
     def source(name: str) -> Any:
-        node = nodes.get(name.split(":")[0].lstrip("^"))
-        while node is not None and node.op == "Identity":
-            node = nodes.get(node.input[0].split(":")[0])
-        return node
+        return _through_identity(nodes, name)
 
     found = {}
     for node in graph_def.node:
@@ -136,10 +141,7 @@ def hybrid_sums(graph_def: Any) -> dict[str, np.ndarray]:
     nodes = {node.name: node for node in graph_def.node}
 
     def const_of(name: str) -> Any:
-        node = nodes.get(name.split(":")[0].lstrip("^"))
-        while node is not None and node.op == "Identity":
-            node = nodes.get(node.input[0].split(":")[0])
-        return node
+        return _through_identity(nodes, name)
 
     found: dict[str, np.ndarray] = {}
     for node in graph_def.node:

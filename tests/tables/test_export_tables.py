@@ -146,3 +146,13 @@ def test_list_tables_and_unknown_table_name(capfd, variant_model, tmp_path: Path
     angle = run_cli(capfd, "tflite", variant_model("learned", 16), "-o", tmp_path / "m.tflite", "--compress", "8",
                     "--compress-method", "angle")  # fmt: skip
     assert angle.exit_code == ExitCode.BAD_INPUT and "it is not a sinusoid" in angle.stderr
+
+
+def test_max_len_stretches_learned_tables_with_a_warning(variant_model, tmp_path: Path) -> None:
+    model = variant_model("learned", None)
+    with pytest.warns(UserWarning, match="linear interpolation — an approximation"):
+        report = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(max_len=128)))
+    (table,) = report.tables
+    assert table.rows == 128 and table.warnings and table.method == "none"
+    feed = {"token_ids": np.ones((1, 100), np.int32)}  # longer than the 64 trained positions
+    assert np.isfinite(onnxruntime_outputs(tmp_path / "m.onnx", feed)["sequence_output"]).all()
