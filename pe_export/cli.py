@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -19,7 +20,14 @@ from pe_export.constants import (
     ONNX_QUANTIZE_MODES,
     TFLITE_QUANTIZE_MODES,
 )
-from pe_export.errors import EXIT_CODE_MEANINGS, ExitCode, ParityError, PeExportError
+from pe_export.errors import (
+    EXIT_CODE_MEANINGS,
+    INTERRUPTED_SIGINT,
+    INTERRUPTED_SIGTERM,
+    ExitCode,
+    ParityError,
+    PeExportError,
+)
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
 from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
@@ -212,6 +220,7 @@ def golden(saved_model: Path, output: Path, **values: Any) -> int:
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of error by position.")
 @click.option("--timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, help="Seconds per runtime call.")
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
+@click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, **values: Any) -> int:
     """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
     from pe_export.fileio import atomic_write_bytes
@@ -232,6 +241,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         ignore_digest=values["ignore_digest"],
         timeout_s=values["timeout"],
         threads=values["threads"],
+        isolate=not values["no_isolate"],
     )
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))
@@ -276,9 +286,18 @@ def demo(ctx: click.Context, out: Path | None) -> int:
     return int(result.exit_code)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every cleanup (temp files, temp dirs) runs."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(flag in args for flag in VERBOSE_FLAGS)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = cli.main(args=args, prog_name="pe-export", standalone_mode=False)
     except PeExportError as err:
@@ -291,8 +310,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         click.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
         code = ExitCode.BAD_INPUT
     except click.exceptions.Abort:
-        click.echo("error: interrupted", err=True)
-        code = 130
+        click.echo("error: interrupted (SIGINT); nothing partial was left behind", err=True)
+        code = INTERRUPTED_SIGINT
+    except Terminated:
+        click.echo("error: terminated (SIGTERM); nothing partial was left behind", err=True)
+        code = INTERRUPTED_SIGTERM
     except click.exceptions.ClickException as err:
         click.echo(f"error: {err.format_message()}", err=True)
         code = ExitCode.BAD_INPUT
@@ -301,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"error: unexpected {type(err).__name__}: {err} (a bug; rerun with --verbose)", err=True)
         code = ExitCode.INTERNAL_ERROR
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sys.exit(int(code) if isinstance(code, int) else 0)
 
 

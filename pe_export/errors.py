@@ -29,6 +29,8 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.NEEDS_FLEX: "--builtins-only was given and the model needs select TF (Flex) ops",
     ExitCode.INTERNAL_ERROR: "a bug in pe-export (rerun with --verbose and report the traceback)",
 }
+# Interruptions exit like shells report them; outputs are never left half-written.
+INTERRUPTED_SIGINT, INTERRUPTED_SIGTERM = 130, 143
 
 
 class PeExportError(Exception):

@@ -31,3 +31,16 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(OSError, match="disk full"):
         atomic_write_bytes(tmp_path / "m.onnx", b"x" * 1000, overwrite=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupt_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT arrives as KeyboardInterrupt wherever Python is: here, between write and rename."""
+    import os
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_bytes(tmp_path / "m.tflite", b"x" * 1000, overwrite=True)
+    assert list(tmp_path.iterdir()) == []

@@ -32,11 +32,16 @@ def load_onnx(path: Path) -> Any:
         ) from err
 
 
+def text(value: Any) -> str:
+    """Protobuf hands back bytes for string fields that are not valid UTF-8 (damaged files)."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _value_spec(value: Any, onnx: Any) -> TensorSpec:
     tensor_type = value.type.tensor_type
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name if tensor_type.elem_type else "unknown"
     shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
-    return TensorSpec(value.name, dtype, shape)
+    return TensorSpec(text(value.name), dtype, shape)
 
 
 def unknown_ops(model: Any) -> list[str]:
@@ -50,7 +55,7 @@ def unknown_ops(model: Any) -> list[str]:
         try:
             onnx.defs.get_schema(node.op_type, opsets.get(node.domain, opsets.get("", 1)), node.domain)
         except Exception:  # onnx raises SchemaError, which it does not export uniformly
-            bad.add(node.op_type)
+            bad.add(text(node.op_type))
     return sorted(bad)
 
 
@@ -74,20 +79,21 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
     outputs = [_value_spec(v, onnx) for v in graph.output]
     nodes = _all_nodes(graph)
     op_counts = Counter(
-        node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}.{node.op_type}" for node in nodes
+        text(node.op_type) if node.domain in STANDARD_DOMAINS else f"{text(node.domain)}.{text(node.op_type)}"
+        for node in nodes
     )
     constants = []
     for init in graph.initializer:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name
-        constants.append(ConstantInfo(init.name, dtype, tuple(init.dims), numpy_helper.to_array(init).nbytes))
+        constants.append(ConstantInfo(text(init.name), dtype, tuple(init.dims), numpy_helper.to_array(init).nbytes))
     for node in nodes:
         if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS:
             for attribute in node.attribute:
                 if attribute.name == "value":
                     array = numpy_helper.to_array(attribute.t)
-                    constants.append(ConstantInfo(node.output[0], array.dtype.name, array.shape, array.nbytes))
+                    constants.append(ConstantInfo(text(node.output[0]), array.dtype.name, array.shape, array.nbytes))
     bad = unknown_ops(model)
-    domains = sorted({n.domain for n in nodes if n.domain not in STANDARD_DOMAINS})
+    domains = sorted({text(n.domain) for n in nodes if n.domain not in STANDARD_DOMAINS})
     opsets = ", ".join(f"{e.domain or 'ai.onnx'}:{e.version}" for e in model.opset_import)
     return ModelSummary(
         path=path,
@@ -99,10 +105,16 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
         custom_ops=bad,
         runs_on=onnx_verdicts(bad, domains),
         details={"opset": opsets, "producer": f"{model.producer_name} {model.producer_version}".strip()},
-        metadata={prop.key: prop.value for prop in model.metadata_props},
+        metadata={text(prop.key): text(prop.value) for prop in model.metadata_props},
     )
 
 
 def summarize_onnx(path: Path) -> ModelSummary:
     path = Path(path)
-    return summarize_onnx_model(load_onnx(path), path, path.stat().st_size)
+    model = load_onnx(path)
+    try:
+        return summarize_onnx_model(model, path, path.stat().st_size)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:  # parsed, but inconsistent
+        raise BadInputError(
+            f"{path} parses as ONNX but is inconsistent ({type(err).__name__}: {str(err)[:80]}); re-export it"
+        ) from err

@@ -174,6 +174,14 @@ def validate_manifest(manifest: Any, where: Path) -> dict[str, Any]:
                 np.dtype(entry["dtype"])
             except TypeError as err:
                 raise fail(f"dtype {entry['dtype']!r} of {entry['name']!r} is not a numpy dtype") from err
+    for precision, tolerance in manifest["tolerances"].items():
+        fields = ("atol", "rtol", "min_cosine")
+        if not isinstance(tolerance, dict) or not all(
+            isinstance(tolerance.get(f), int | float) and not isinstance(tolerance.get(f), bool) for f in fields
+        ):
+            raise fail(f"tolerances.{precision} is not {{atol, rtol, min_cosine}} numbers")
+        if not all(np.isfinite(tolerance[f]) and tolerance[f] >= 0 for f in fields):
+            raise fail(f"tolerances.{precision} holds a negative or non-finite number")
     total = 0
     for entry in manifest["batches"]:
         if not (

@@ -16,7 +16,7 @@ from pe_export.provenance import PRECISION, SOURCE_DIGEST
 from pe_export.runners import create_runner, first_installed_runner, runners_for_file
 from pe_export.runners.base import Runner
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S, IsolatedRunner
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, resolve_providers
 from pe_export.specs import TensorSpec
 
 
@@ -33,6 +33,13 @@ class ParityOptions:
     isolate: bool = True
     timeout_s: float = DEFAULT_TIMEOUT_S
     threads: int | None = None
+
+    def validate(self) -> None:
+        resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
+        if not self.timeout_s > 0:
+            raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
+        if self.threads is not None and not 1 <= self.threads <= 1024:
+            raise BadInputError(f"--threads {self.threads} is out of range; expected 1 to 1024")
 
 
 @dataclass
@@ -93,6 +100,7 @@ class ParityAssertionError(ParityError, AssertionError):
 
 def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None = None) -> ParityReport:
     options = options or ParityOptions()
+    options.validate()
     model, started = Path(model), time.perf_counter()
     bundle = load_bundle(bundle_path)
     summary = _summarize(model)
