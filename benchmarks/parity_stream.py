@@ -2,8 +2,8 @@
 
     python benchmarks/parity_stream.py [--device-python PATH]
 
-Builds the reference encoder, exports .tflite and .onnx, writes golden bundles of 100 and
-1,000 samples, and runs check_parity in a fresh process for each (model, bundle): peak
+Builds the reference encoder, exports .tflite and .onnx, writes golden bundles of 100,
+1,000 and 10,000 samples, and runs check_parity in a fresh process for each (model, bundle): peak
 RSS of the checking process and of its isolated runtime child, time to first result,
 total time, and the cold start (process start → first result). With --device-python (a
 venv made by `pip install '.[device]'`, no TensorFlow) the checks run there; by default
@@ -27,7 +27,7 @@ from pe_export.native import import_tensorflow  # noqa: E402
 from pe_export.reference.encoder import build_encoder  # noqa: E402
 from tests.helpers import measured_parity  # noqa: E402
 
-SAMPLE_COUNTS = (100, 1000)
+SAMPLE_COUNTS = (100, 1000, 10000)
 BATCH, SEQ_LEN = 8, 64
 
 

@@ -12,6 +12,7 @@ import io
 import json
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from pe_export.errors import ExitCode
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
 
-FIGURES = {"cases": 0, "parent_crashes": 0, "partial_files": 0, "child_runs": 0}
+FIGURES = {"cases": 0, "parent_crashes": 0, "partial_files": 0, "child_runs": 0, "child_crashes": 0}
+EXIT_CODES: Counter[int] = Counter()
 MESSAGES: set[str] = set()
 CRASHES: list[str] = []
 SETTINGS = dict(
@@ -60,6 +62,9 @@ def run_case(work: Path, *args: str | Path) -> int:
         except BaseException as escaped:  # anything else would take a user's process down
             code = -1
             CRASHES.append(f"{type(escaped).__name__}: {escaped}")
+    EXIT_CODES[code] += 1
+    if "crashed (signal" in err.getvalue():
+        FIGURES["child_crashes"] += 1  # the runtime died in its child process; the checker reported it
     if code not in ALLOWED:
         FIGURES["parent_crashes"] += 1
         CRASHES.append(err.getvalue()[-300:])
@@ -144,7 +149,8 @@ def test_fuzz_figures() -> None:
     print(
         f"\nfuzz: {FIGURES['cases']} cases ({FIGURES['child_runs']} through a runtime child), "
         f"parent crashes {FIGURES['parent_crashes']}, partial files {FIGURES['partial_files']}, "
-        f"distinct error messages {len(MESSAGES)}"
+        f"distinct error messages {len(MESSAGES)}, runtime children that crashed and were reported "
+        f"{FIGURES['child_crashes']}, exit codes {dict(sorted(EXIT_CODES.items()))}"
     )
     assert FIGURES["cases"] >= 1000
     assert FIGURES["parent_crashes"] == 0, CRASHES[:5]
