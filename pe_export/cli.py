@@ -181,6 +181,12 @@ def inspect(path: Path, signature: str | None) -> int:
 @click.option("--batch", type=int, default=GOLDEN_BATCH, show_default=True, help="Samples per stored batch.")
 @click.option("--seq-len", type=int, default=None, help="Sequence length (default: the model's, else 16).")
 @click.option("--inputs", type=click.Path(path_type=Path), default=None, help="Your own inputs (.npz by name).")
+@click.option(
+    "--labels",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Task labels for --inputs (.npz by output name; class ids, -1 = ignore).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
 def golden(saved_model: Path, output: Path, **values: Any) -> int:
@@ -262,27 +268,13 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 def demo(ctx: click.Context, out: Path | None) -> int:
     """Export the bundled reference encoder to TFLite and ONNX (fp32, fp16, int8) and verify each."""
     from pe_export.demo import DEFAULT_DEMO_DIR, run_demo
+    from pe_export.report import format_demo
 
     def progress(message: str) -> None:
         click.echo(f"… {message}", err=True)
 
     result = run_demo(out or DEFAULT_DEMO_DIR, progress=progress, quiet=not ctx.obj["verbose"])
-    header = (
-        f"{'variant':<20} {'file bytes':>11} {'const bytes':>11} {'table bytes':>11} {'table err':>9} "
-        f"{'max abs err':>12} {'cosine':>10}  verdict"
-    )
-    lines = [f"reference encoder: {result.saved_model}", header]
-    for row in result.rows():
-        error = "-" if row["max_abs_error"] is None else f"{row['max_abs_error']:.3g}"
-        cosine = "-" if row["min_cosine"] is None else f"{row['min_cosine']:.6f}"
-        table = "-" if row["table_bytes"] is None else f"{row['table_bytes']:,}"
-        table_error = "-" if row["table_max_error"] is None else f"{row['table_max_error']:.2g}"
-        lines.append(
-            f"{row['variant']:<20} {row['file_bytes']:>11,} {row['constant_bytes']:>11,} {table:>11} "
-            f"{table_error:>9} {error:>12} {cosine:>10}  {row['verdict']}"
-        )
-    lines.append(f"report: {result.directory / 'report.json'}")
-    click.echo("\n".join(lines))
+    click.echo("\n".join(format_demo(result)))
     return int(result.exit_code)
 
 

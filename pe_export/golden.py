@@ -21,6 +21,7 @@ from pe_export.parity.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     INPUT_PREFIX,
+    LABEL_PREFIX,
     MANIFEST,
     OUTPUT_PREFIX,
     VALID_KEY,
@@ -41,9 +42,12 @@ class GoldenOptions:
     seq_len: int | None = None  # default: the model's fixed length, else GOLDEN_SEQ_LEN
     seed: int = 0
     inputs: Path | None = None  # user inputs (.npz keyed by input name, samples on axis 0)
+    labels: Path | None = None  # task labels (.npz keyed by output name, class ids, -1 = ignore); with inputs
     overwrite: bool = False
 
     def validate(self) -> None:
+        if self.labels is not None and self.inputs is None:
+            raise BadInputError("--labels needs --inputs: labels are only meaningful for inputs you chose")
         for flag, value, maximum in (
             ("--samples", self.samples, MAX_SAMPLES),
             ("--batch", self.batch, MAX_BATCH),
@@ -94,6 +98,8 @@ def make_golden(
         if options.inputs and user_arrays is not None
         else _generated_batches(specs, bounds, options, seq_len)
     )
+    output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
+    labels = _user_labels(options.labels, output_specs, user_arrays) if options.labels else {}
     reference = SavedModelRunner(saved_model, signature=options.signature, loaded=loaded)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
@@ -105,6 +111,8 @@ def make_golden(
                 name = f"batches/{index:05d}.npz"
                 arrays = {f"{INPUT_PREFIX}{k}": v for k, v in feed.items()}
                 arrays.update({f"{OUTPUT_PREFIX}{k}": v for k, v in outputs.items()})
+                rows = valid.shape[0]
+                arrays.update({f"{LABEL_PREFIX}{k}": v[total : total + rows] for k, v in labels.items()})
                 arrays[VALID_KEY] = valid
                 np.savez(work / name, **arrays)
                 samples = int(valid.shape[0])
@@ -112,7 +120,6 @@ def make_golden(
                 total += samples
                 if progress:
                     progress(total, options.samples if not options.inputs else total)
-        output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
         digest = savedmodel_digest(saved_model)
         manifest = {
             "format": BUNDLE_FORMAT,
@@ -130,6 +137,7 @@ def make_golden(
             "samples": total,
             "seq_len": seq_len,
             "tolerances": {name: vars(tol) for name, tol in DEFAULT_TOLERANCES.items()},
+            "labels": sorted(labels),
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _publish(work, output)
@@ -169,6 +177,22 @@ def _generated_batches(
         yield feed, valid_positions(shape[0], shape[1] if len(shape) > 1 else 1, padded=padded)
         done += batch
         index += 1
+
+
+def _user_labels(
+    path: Path, outputs: dict[str, TensorSpec], inputs: dict[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    arrays = read_npz(Path(path))
+    samples = next(iter(inputs.values())).shape[0] if inputs else 0
+    for name, array in arrays.items():
+        if name not in outputs:
+            raise BadInputError(f"--labels {path}: {name!r} is not an output; outputs are: {', '.join(outputs)}")
+        if not np.issubdtype(array.dtype, np.integer) or array.shape[:1] != (samples,):
+            raise BadInputError(
+                f"--labels {path}: {name!r} must be integer class ids with {samples} samples on axis 0, "
+                f"got {array.dtype}{list(array.shape)}"
+            )
+    return {name: array.astype(np.int64) for name, array in arrays.items()}
 
 
 def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:

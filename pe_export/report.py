@@ -89,6 +89,10 @@ def format_parity_report(report: ParityReport) -> list[str]:
     for m in report.outputs:
         if m.position_max_abs:
             lines.append(f"  {m.name} by position: {_profile_line(m.position_max_abs)}")
+        if m.task_accuracy is not None:
+            lines.append(
+                f"  {m.name} task accuracy: {m.task_accuracy:.4f} (float32 reference {m.reference_accuracy:.4f})"
+            )
     lines.append(
         f"  time: load {report.load_s:.2f} s, first result {report.first_result_s:.2f} s, total {report.total_s:.2f} s"
     )
@@ -120,4 +124,30 @@ def format_tables(results: list[Any]) -> list[str]:
         if details:
             lines.append(f"      {'; '.join(details)}")
         lines.extend(f"      warning: {w}" for w in r.warnings)
+    return lines
+
+
+def format_demo(result: Any) -> list[str]:
+    """The demo's one summary table."""
+
+    def number(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        f"trained reference encoder (shift task): {result.saved_model}",
+        f"{'variant':<20} {'file B':>8} {'table B':>8} {'max abs err':>11} {'cosine':>9} {'task acc':>8} "
+        f"{'p50 ms':>7}  {'runtimes':<22} verdict",
+    ]
+    for row in result.rows():
+        lines.append(
+            f"{row['variant']:<20} {row['file_bytes']:>8,} {number(row['table_bytes'], ','):>8} "
+            f"{number(row['max_abs_error'], '.3g'):>11} {number(row['min_cosine'], '.6f'):>9} "
+            f"{number(row['task_accuracy'], '.4f'):>8} {number(row['p50_ms'], '.3f'):>7}  "
+            f"{','.join(row['runtimes']):<22} {row['verdict']}"
+        )
+        lines.extend(f"    {error}" for error in row["errors"])
+    reference = next((r["reference_accuracy"] for r in result.rows() if r["reference_accuracy"] is not None), None)
+    if reference is not None:
+        lines.append(f"float32 TensorFlow task accuracy on the same samples: {reference:.4f}")
+    lines.append(f"report: {result.directory / 'report.json'}" + (f", plot: {result.plot}" if result.plot else ""))
     return lines

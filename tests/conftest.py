@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels whichever test imports TensorFlow first
 
 from tests.fixtures.models import MODEL_CASES, export_case
 

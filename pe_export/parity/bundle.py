@@ -26,7 +26,8 @@ from pe_export.specs import TensorSpec
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "pe-export-golden"
 BUNDLE_VERSION = 1
-INPUT_PREFIX, OUTPUT_PREFIX, VALID_KEY = "input/", "output/", "valid"
+INPUT_PREFIX, OUTPUT_PREFIX, LABEL_PREFIX, VALID_KEY = "input/", "output/", "label/", "valid"
+IGNORED_LABEL = -1  # label value for positions that carry no task target
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Batch:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
     valid: np.ndarray  # [batch, seq] booleans: real tokens True, padding False
+    labels: dict[str, np.ndarray]  # task labels per output (class ids; -1 = ignore), where the bundle has them
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Bundle:
     @property
     def outputs(self) -> list[TensorSpec]:
         return [_spec(entry) for entry in self.manifest["outputs"]]
+
+    @property
+    def label_outputs(self) -> list[str]:
+        return list(self.manifest.get("labels", []))
 
     @property
     def samples(self) -> int:
@@ -90,7 +96,16 @@ class Bundle:
                 )
         if valid.ndim != 2 or valid.shape[0] != samples:
             raise BadInputError(f"bundle {self.path}: {entry['file']} 'valid' has shape {valid.shape}")
-        return Batch(index, inputs, outputs, valid)
+        labels = {}
+        for name in self.label_outputs:
+            label = arrays.get(f"{LABEL_PREFIX}{name}")
+            if label is None or not np.issubdtype(label.dtype, np.integer) or label.shape != outputs[name].shape[:-1]:
+                raise BadInputError(
+                    f"bundle {self.path}: {entry['file']} labels for {name!r} are missing or not integer class ids "
+                    f"shaped like the output without its class axis"
+                )
+            labels[name] = label
+        return Batch(index, inputs, outputs, valid, labels)
 
 
 def _spec(entry: dict[str, Any]) -> TensorSpec:
@@ -174,6 +189,10 @@ def validate_manifest(manifest: Any, where: Path) -> dict[str, Any]:
                 np.dtype(entry["dtype"])
             except TypeError as err:
                 raise fail(f"dtype {entry['dtype']!r} of {entry['name']!r} is not a numpy dtype") from err
+    labels = manifest.get("labels", [])
+    output_names = {entry["name"] for entry in manifest["outputs"]}
+    if not isinstance(labels, list) or not all(isinstance(n, str) and n in output_names for n in labels):
+        raise fail("field 'labels' should list output names")
     for precision, tolerance in manifest["tolerances"].items():
         fields = ("atol", "rtol", "min_cosine")
         if not isinstance(tolerance, dict) or not all(

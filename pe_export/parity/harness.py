@@ -127,7 +127,7 @@ def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None =
                         f"{model.name}: output {name!r} has shape {produced[name].shape}, the bundle's reference "
                         f"{batch.outputs[name].shape} (batch {batch.index})"
                     )
-                accumulator.update(produced[name], batch.outputs[name], batch.valid)
+                accumulator.update(produced[name], batch.outputs[name], batch.valid, batch.labels.get(name))
             if not first_result_s:
                 first_result_s = time.perf_counter() - started
     finally:

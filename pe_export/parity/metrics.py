@@ -35,6 +35,8 @@ class OutputMetrics:
     violations: int = 0  # elements over atol + rtol·|expected|
     argmax_agreement: float | None = None
     position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
+    task_accuracy: float | None = None  # arg-max against the bundle's labels (where it has them)
+    reference_accuracy: float | None = None  # the float32 reference's own, on the same labels
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,8 +64,15 @@ class OutputAccumulator:
         self.argmax_equal = self.argmax_total = 0
         self.position_max: np.ndarray | None = None
         self.samples = 0
+        self.labelled = self.correct = self.reference_correct = 0
 
-    def update(self, actual: np.ndarray, expected: np.ndarray, valid: np.ndarray | None = None) -> None:
+    def update(
+        self,
+        actual: np.ndarray,
+        expected: np.ndarray,
+        valid: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+    ) -> None:
         a = np.asarray(actual, dtype=np.float64)
         e = np.asarray(expected, dtype=np.float64)
         if a.shape != e.shape:
@@ -103,6 +112,13 @@ class OutputAccumulator:
             per_position = np.where(finite, error, 0.0).reshape(a.shape[0], a.shape[1], -1).max(axis=(0, 2))
             per_position = np.where(valid.any(axis=0), per_position, np.nan)
             self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
+        if labels is not None:
+            counted = labels >= 0
+            if valid is not None and labels.shape == valid.shape:
+                counted &= valid
+            self.labelled += int(counted.sum())
+            self.correct += int(((np.argmax(a, axis=-1) == labels) & counted).sum())
+            self.reference_correct += int(((np.argmax(e, axis=-1) == labels) & counted).sum())
         self.shape = a.shape[1:]
         self.samples += a.shape[0] if a.ndim else 1
 
@@ -132,6 +148,8 @@ class OutputAccumulator:
             violations=self.violations,
             argmax_agreement=self.argmax_equal / self.argmax_total if self.argmax_total else None,
             position_max_abs=None if self.position_max is None else tuple(float(x) for x in self.position_max),
+            task_accuracy=self.correct / self.labelled if self.labelled else None,
+            reference_accuracy=self.reference_correct / self.labelled if self.labelled else None,
         )
 
 

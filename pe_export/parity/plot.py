@@ -19,7 +19,7 @@ def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path) -> N
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise missing_extra("matplotlib", "plot") from err
-    figure, axis = plt.subplots(figsize=(8, 4.5))
+    figure, axis = plt.subplots(figsize=(10, 4.5))
     for label, report in reports:
         for metrics in report.outputs:
             if metrics.position_max_abs:
@@ -30,7 +30,7 @@ def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path) -> N
     axis.set_ylabel("max abs error vs float32 TensorFlow")
     axis.set_title("pe-export parity: error by position")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize="small")
+    axis.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.tight_layout()
     descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=Path(path).parent)
     os.close(descriptor)

@@ -116,3 +116,8 @@ class TensorFlowLiteRunner(_TFLiteRunner):
     module = "tensorflow.lite"
     package = "tensorflow"
     extra = "convert"
+
+    def _interpreter_class(self) -> Any:
+        from pe_export.native import import_tensorflow
+
+        return import_tensorflow().lite.Interpreter  # tf.lite is a lazy attribute, not an importable module
