@@ -27,6 +27,9 @@ from pe_export.runners.base import Runner, create_runner
 from pe_export.specs import TensorSpec
 
 DEFAULT_TIMEOUT_S = 120.0
+# The command that starts a child Python, when sys.executable cannot be exec'd directly
+# (an emulated interpreter behind a launcher script, say). Split on whitespace.
+CHILD_PYTHON_ENV = "PE_EXPORT_PYTHON"
 _READY, _OUTPUTS, _ERROR = b"R", b"O", b"E"  # frame kinds: ready, outputs, error
 _ERRORS_BY_CODE = {int(cls.exit_code): cls for cls in PeExportError.__subclasses__()}
 
@@ -61,12 +64,19 @@ class IsolatedRunner(Runner):
     def activate(self) -> None:
         request = {"runner": self.runner_name, "model": str(self.model_path), "options": self._child_options()}
         self._stderr = tempfile.TemporaryFile()
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "pe_export.runners.isolated", json.dumps(request)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-        )
+        python = os.environ.get(CHILD_PYTHON_ENV, "").split() or [sys.executable]
+        try:
+            self._process = subprocess.Popen(
+                [*python, "-m", "pe_export.runners.isolated", json.dumps(request)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+            )
+        except OSError as err:
+            raise RuntimeUnavailableError(
+                f"could not start the runtime's child process with {' '.join(python)} ({err.strerror}); "
+                f"set {CHILD_PYTHON_ENV} to a command that starts this Python, or pass --no-isolate"
+            ) from err
         payload = self._receive("loading")
         ready = json.loads(payload)
         self._inputs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in ready["inputs"]]

@@ -1,0 +1,81 @@
+"""Parity on aarch64 without ARM hardware: the TF-free checker under qemu user-mode emulation.
+
+Builds (and caches) an aarch64 Python with numpy, ai-edge-litert, onnxruntime, onnx and click
+with ../shared/arm64/setup-env.sh, installs pe-export's wheel into it, and runs
+`pe-export parity` there on .tflite fp32, .tflite dynamic-int8 and .onnx exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.options import ExportOptions
+from pe_export.golden import GoldenOptions, make_golden
+from pe_export.runners.isolated import CHILD_PYTHON_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+SETUP = REPO.parent / "shared" / "arm64" / "setup-env.sh"
+CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
+QEMU_CPU = "neoverse-n1"
+
+
+def _run(*args: str | Path, env: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **(env or {})}, cwd=CACHE)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not SETUP.exists():
+        pytest.skip(f"no {SETUP}: the shared aarch64 setup script is not beside this checkout")
+    key = hashlib.sha256(SETUP.read_bytes()).hexdigest()[:12]
+    env_dir = CACHE / f"arm64-env-{key}"
+    launcher = env_dir / "run.sh"
+    if not launcher.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        built = _run("bash", SETUP, env_dir, sys.executable, "click", "onnx")
+        if built.returncode != 0:
+            reason = (built.stderr.strip().splitlines() or ["unknown"])[-1]
+            if "qemu" in reason or "apt" in reason.lower():
+                pytest.skip(f"qemu aarch64 emulation cannot be had here: {reason}")
+            raise AssertionError(built.stdout[-1500:] + built.stderr[-1500:])
+    wheels = tmp_path_factory.mktemp("wheel")
+    made = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
+    assert made.returncode == 0, made.stderr[-1500:]
+    installed = _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
+                     env_dir / "site", *wheels.glob("*.whl"))  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-1500:]
+    machine = _run(launcher, "-c", "import platform; print(platform.machine())", env={"QEMU_CPU": QEMU_CPU})
+    assert machine.stdout.strip() == "aarch64", machine.stderr
+    return launcher
+
+
+def test_parity_passes_on_emulated_aarch64(arm64_python: Path, saved_model, tmp_path: Path) -> None:
+    model = saved_model("encoder_multi_io")
+    files = {
+        "tflite fp32": (export_tflite, "m.tflite", "none"),
+        "tflite dynamic-int8": (export_tflite, "m.int8.tflite", "dynamic-int8"),
+        "onnx fp32": (export_onnx, "m.onnx", "none"),
+    }
+    bundle = tmp_path / "golden"
+    make_golden(model, bundle, GoldenOptions(samples=8, batch=4))
+    for name, (export, file_name, quantize) in files.items():
+        export(model, tmp_path / file_name, ExportOptions(quantize=quantize, verify=False))
+        report = tmp_path / f"{file_name}.json"
+        checked = _run(
+            arm64_python, "-m", "pe_export.cli", "parity", tmp_path / file_name, bundle, "--json", report,
+            env={"QEMU_CPU": QEMU_CPU, CHILD_PYTHON_ENV: str(arm64_python)},
+        )  # fmt: skip
+        assert checked.returncode == 0, checked.stdout[-1500:] + checked.stderr[-1500:]
+        result = json.loads(report.read_text())
+        worst = max(output["max_abs"] for output in result["outputs"])
+        print(f"aarch64 ({QEMU_CPU}) {name}: {result['runtime']}, max abs {worst:.3g}, passed {result['passed']}")
+        assert result["passed"] and result["precision"] == ("int8" if quantize != "none" else "fp32")
