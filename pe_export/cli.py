@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pe_export import __version__
+from pe_export.bench import DEFAULT_BATCH, DEFAULT_RUNS, DEFAULT_SEQ_LEN, DEFAULT_WARMUP
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
     GOLDEN_BATCH,
@@ -99,6 +100,21 @@ def _export_options(**values: Any) -> Any:
             names=tuple(values["table_names"]),
         ),
     )
+
+
+def _target_runtime(
+    model: Path, target: str | None, runtime: str | None, providers: str | None
+) -> tuple[str | None, tuple[str, ...]]:
+    """Explicit options win; a --target profile fills what was not given; then library defaults."""
+    chosen = tuple(p for p in providers.split(",") if p) if providers else None
+    if target:
+        from pe_export.demo import installed_runtimes
+        from pe_export.targets import get_profile
+
+        profile = get_profile(target)
+        runtime = runtime or profile.runtime_for(model, installed_runtimes(model))
+        chosen = chosen or profile.providers
+    return runtime, chosen or DEFAULT_PROVIDERS
 
 
 def _list_tables(saved_model: Path, options: Any) -> int:
@@ -236,9 +252,10 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 
     atol, output_atol = parse_overrides(values["atol"], "--atol")
     rtol, output_rtol = parse_overrides(values["rtol"], "--rtol")
+    runtime, providers = _target_runtime(model, values["target"], values["runtime"], values["providers"])
     options = ParityOptions(
-        runtime=values["runtime"],
-        providers=tuple(p for p in values["providers"].split(",") if p),
+        runtime=runtime,
+        providers=providers,
         precision=values["precision"],
         atol=atol,
         rtol=rtol,
@@ -259,6 +276,58 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         write_profile_plot([(model.name, report)], plot)
     if not report.passed:
         raise ParityError(report.failure_message())
+    return ExitCode.OK
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--runtime", default=None, help="litert, tflite-runtime, tflite-tf or onnxruntime.")
+@click.option("--providers", default=None, help="onnxruntime providers in order, e.g. tensorrt,cuda,cpu.")
+@click.option("--target", default=None, help="Apply a device profile's runtime, providers and settings.")
+@click.option("--threads", type=int, default=None, help="Runtime threads (default: the runtime's).")
+@click.option("--batch", type=int, default=None, help=f"Batch for dynamic axes (default {DEFAULT_BATCH}).")
+@click.option(
+    "--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {DEFAULT_SEQ_LEN})."
+)
+@click.option("--runs", type=int, default=None, help=f"Timed runs (default {DEFAULT_RUNS}).")
+@click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {DEFAULT_WARMUP}).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
+def bench(model: Path, json_path: Path | None, **values: Any) -> int:
+    """Measure latency, throughput and memory of MODEL (.tflite/.onnx) on one runtime."""
+    from pe_export.bench import BenchOptions, run_bench
+    from pe_export.fileio import atomic_write_bytes
+    from pe_export.report import format_bench
+
+    runtime, providers = _target_runtime(model, values["target"], values["runtime"], values["providers"])
+    settings = {}
+    if values["target"]:
+        from pe_export.targets import get_profile
+
+        settings = dict(get_profile(values["target"]).bench)
+    given = {key: values[key] for key in ("threads", "batch", "seq_len", "runs", "warmup") if values[key] is not None}
+    options = BenchOptions(runtime=runtime, providers=providers, **{**settings, **given})
+    with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
+
+        def advance(done: int, total: int) -> None:
+            bar.update(1)
+
+        result = run_bench(model, options, progress=advance)
+    click.echo("\n".join(format_bench(result)))
+    if json_path:
+        atomic_write_bytes(json_path, json.dumps(result.to_dict(), indent=2).encode(), overwrite=True)
+    return ExitCode.OK
+
+
+@cli.command()
+def targets() -> int:
+    """List the device target profiles (`--target NAME` on parity and bench)."""
+    from pe_export.targets import get_profile, profile_names
+
+    for name in profile_names():
+        profile = get_profile(name)
+        click.echo(f"{name:<16} {profile.description}")
+        click.echo(f"{'':<16} providers {','.join(profile.providers)}; tflite {','.join(profile.runtimes['tflite'])}; "
+                   f"docker {profile.docker or '-'}; bench {profile.bench}")  # fmt: skip
     return ExitCode.OK
 
 

@@ -151,3 +151,17 @@ def format_demo(result: Any) -> list[str]:
         lines.append(f"float32 TensorFlow task accuracy on the same samples: {reference:.4f}")
     lines.append(f"report: {result.directory / 'report.json'}" + (f", plot: {result.plot}" if result.plot else ""))
     return lines
+
+
+def format_bench(result: Any) -> list[str]:
+    lat = result.latency_ms
+    return [
+        f"bench: {result.model} ({result.file_bytes:,} B) on {result.runtime}, batch {result.batch}, "
+        f"seq {result.seq_len}, threads {result.threads or 'default'}, "
+        f"{result.runs} runs after {result.warmup} warm-up",
+        f"  init {result.init_ms:.1f} ms, first inference {result.first_inference_ms:.3f} ms",
+        f"  latency ms: p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  mean {lat['mean']:.3f}  "
+        f"std {lat['std']:.3f}  min {lat['min']:.3f}  max {lat['max']:.3f}",
+        f"  throughput: {result.sequences_per_s:,.1f} sequences/s, {result.tokens_per_s:,.0f} tokens/s; "
+        f"peak RSS {result.peak_rss_mb:.1f} MB",
+    ]

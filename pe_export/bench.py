@@ -1,0 +1,145 @@
+"""`pe-export bench`: latency, throughput and memory of an exported file, on the parity runners.
+
+Field names follow TFLite's benchmark_model and onnxruntime_perf_test where they overlap
+(init time, first inference, warm-up, P50/P90/P99 latency, peak memory); the JSON schema
+is BENCH_SCHEMA below and in README.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pe_export.errors import BadInputError, RuntimeUnavailableError
+from pe_export.inputs import generate_inputs
+from pe_export.runners import create_runner, first_installed_runner
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
+
+DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = 100, 10, 1, 128
+BENCH_SCHEMA_VERSION = 1
+BENCH_SCHEMA = {
+    "schema": "pe-export-bench, integer version",
+    "model": "path of the file measured",
+    "file_bytes": "size of the file (bytes)",
+    "runtime": "runner and providers, e.g. onnxruntime[cuda,cpu]",
+    "threads": "intra-op threads asked for (null: the runtime's default)",
+    "batch / seq_len": "input shape used for dynamic axes",
+    "runs / warmup": "timed and untimed calls",
+    "init_ms": "model load and session/interpreter creation (benchmark_model: 'Init')",
+    "first_inference_ms": "the first call (benchmark_model: 'First inference')",
+    "latency_ms": "p50, p90, p99, mean, std, min, max over the timed runs",
+    "sequences_per_s / tokens_per_s": "batch / p50 and batch·seq_len / p50",
+    "peak_rss_mb": "peak resident memory of the process (onnxruntime_perf_test: 'Peak working set')",
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    runtime: str | None = None
+    providers: tuple[str, ...] = DEFAULT_PROVIDERS
+    threads: int | None = None
+    batch: int = DEFAULT_BATCH
+    seq_len: int = DEFAULT_SEQ_LEN
+    runs: int = DEFAULT_RUNS
+    warmup: int = DEFAULT_WARMUP
+
+    def validate(self) -> None:
+        for flag, value, low, high in (
+            ("--batch", self.batch, 1, 1 << 16), ("--seq-len", self.seq_len, 1, 1 << 20),
+            ("--runs", self.runs, 1, 10_000_000), ("--warmup", self.warmup, 0, 1_000_000),
+            ("--threads", self.threads, 1, 1024),
+        ):  # fmt: skip
+            if value is not None and not low <= value <= high:
+                raise BadInputError(f"{flag} {value} is out of range; expected {low} to {high}")
+
+
+@dataclass
+class BenchResult:
+    schema: int
+    model: str
+    file_bytes: int
+    runtime: str
+    threads: int | None
+    batch: int
+    seq_len: int
+    runs: int
+    warmup: int
+    init_ms: float
+    first_inference_ms: float
+    latency_ms: dict[str, float]
+    sequences_per_s: float
+    tokens_per_s: float
+    peak_rss_mb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process (Linux); ru_maxrss elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int], None] | None = None) -> BenchResult:
+    options.validate()
+    model = Path(model)
+    if not model.is_file():
+        raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
+    runtime = options.runtime or first_installed_runner(model)
+    if runtime is None:
+        raise RuntimeUnavailableError(
+            f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
+        )
+    extra: dict[str, Any] = {"threads": options.threads}
+    if runtime == "onnxruntime":
+        extra["providers"] = options.providers
+    started = time.perf_counter()
+    runner = create_runner(runtime, model, **extra)
+    runner.activate()
+    try:
+        init_ms = (time.perf_counter() - started) * 1e3
+        feed = generate_inputs(runner.input_specs(), {}, batch=options.batch, seq_len=options.seq_len, seed=0,
+                               padded=False)  # fmt: skip
+        started = time.perf_counter()
+        runner.infer(feed)
+        first_ms = (time.perf_counter() - started) * 1e3
+        for _ in range(options.warmup):
+            runner.infer(feed)
+        times = []
+        for run in range(options.runs):
+            started = time.perf_counter()
+            runner.infer(feed)
+            times.append((time.perf_counter() - started) * 1e3)
+            if progress:
+                progress(run + 1, options.runs)
+        describe = runner.describe()
+    finally:
+        runner.deactivate()
+    samples = np.array(times)
+    p50 = float(np.percentile(samples, 50))
+    latency = {
+        "p50": p50, "p90": float(np.percentile(samples, 90)), "p99": float(np.percentile(samples, 99)),
+        "mean": float(samples.mean()), "std": float(statistics.pstdev(times)), "min": float(samples.min()),
+        "max": float(samples.max()),
+    }  # fmt: skip
+    return BenchResult(
+        schema=BENCH_SCHEMA_VERSION, model=str(model), file_bytes=model.stat().st_size, runtime=describe,
+        threads=options.threads, batch=options.batch, seq_len=options.seq_len, runs=options.runs,
+        warmup=options.warmup, init_ms=init_ms, first_inference_ms=first_ms, latency_ms=latency,
+        sequences_per_s=options.batch * 1e3 / p50, tokens_per_s=options.batch * options.seq_len * 1e3 / p50,
+        peak_rss_mb=peak_rss_mb(),
+    )  # fmt: skip

@@ -1,0 +1,62 @@
+"""The Dockerfiles, checked statically (no docker engine here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def test_the_three_images_exist() -> None:
+    assert [p.name for p in DOCKERFILES] == ["arm64.Dockerfile", "cuda.Dockerfile", "jetson.Dockerfile"]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile(path: Path) -> None:
+    steps = instructions(path)
+    known = {"FROM", "ARG", "RUN", "COPY", "ENV", "USER", "WORKDIR", "ENTRYPOINT", "CMD"}
+    assert {keyword for keyword, _ in steps} <= known
+    base = next(rest for keyword, rest in steps if keyword == "FROM")
+    name, _, tag = base.rpartition(":")
+    assert name and tag and tag != "latest" and re.search(r"\d", tag), f"unpinned base image {base}"
+    users = [rest for keyword, rest in steps if keyword == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
+    assert steps.index(("USER", users[-1])) > max(i for i, (k, _) in enumerate(steps) if k == "RUN")
+    runs = " ".join(rest for keyword, rest in steps if keyword == "RUN")
+    assert "'/opt/pe-export[device]'" in runs and "tensorflow" not in runs.lower()
+    entry = next(rest for keyword, rest in steps if keyword == "ENTRYPOINT")
+    assert "pe-export-entrypoint" in entry
+
+
+def test_entrypoint_passes_the_exit_code_through() -> None:
+    script = (REPO / "docker" / "entrypoint.sh").read_text()
+    assert 'exec pe-export "$@"' in script and script.startswith("#!/bin/sh")
+
+
+def test_device_extra_is_the_validated_one() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any("tensorflow" in requirement for requirement in extras["device"])
+    assert "pip install '.[device]'" in (REPO / "docker" / "README.md").read_text()
+
+
+def test_readme_commands_name_existing_files() -> None:
+    readme = (REPO / "docker" / "README.md").read_text()
+    for dockerfile in re.findall(r"-f (docker/\S+)", readme):
+        assert (REPO / dockerfile).exists(), dockerfile
