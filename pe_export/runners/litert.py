@@ -71,8 +71,8 @@ class _TFLiteRunner(Runner):
             with capture_native_output(enabled=not self._invoked):
                 outputs = self._signature_runner(**feed)
             self._invoked = True
-        except ValueError as err:
-            message = str(err).strip().splitlines()[0]
+        except (ValueError, RuntimeError) as err:  # the interpreter raises both for bad shapes
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             if FLEX_MESSAGE_MARKER in str(err):
                 raise self._load_error(err) from err
             raise BadInputError(f"{self.name} rejected the inputs: {message}") from err

@@ -1,0 +1,1 @@
+"""Jetson on-device benchmarking: tegrastats sampling and the benchmark script."""

@@ -1,0 +1,41 @@
+"""`pe-export bench` and `pe-export targets`: real figures on both file kinds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+from tests.helpers import run_cli
+
+
+def test_bench_writes_real_figures(capfd, saved_model, tmp_path: Path) -> None:
+    for export, name in ((export_tflite, "m.tflite"), (export_onnx, "m.onnx")):
+        export(saved_model("encoder_dynamic"), tmp_path / name, ExportOptions(verify=False))
+        result = run_cli(capfd, "bench", tmp_path / name, "--runs", "30", "--warmup", "3", "--seq-len", "32",
+                         "--threads", "1", "--json", tmp_path / f"{name}.json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        figures = json.loads((tmp_path / f"{name}.json").read_text())
+        latency = figures["latency_ms"]
+        assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+        assert figures["file_bytes"] == (tmp_path / name).stat().st_size and figures["runs"] == 30
+        assert figures["tokens_per_s"] == figures["sequences_per_s"] * 32 and figures["peak_rss_mb"] > 10
+        assert "latency ms: p50" in result.stdout
+
+
+def test_targets_and_target_option(capfd, saved_model, tmp_path: Path) -> None:
+    listed = run_cli(capfd, "targets")
+    for name in ("jetson-agx-orin", "arm64", "desktop-cuda", "x86-cpu"):
+        assert name in listed.stdout
+    export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions(verify=False))
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        gpu = run_cli(capfd, "bench", tmp_path / "m.onnx", "--target", "desktop-cuda")
+        assert gpu.exit_code == ExitCode.RUNTIME_UNAVAILABLE and "TensorrtExecutionProvider" in gpu.stderr
+    unknown = run_cli(capfd, "bench", tmp_path / "m.onnx", "--target", "tpu")
+    assert unknown.exit_code == ExitCode.BAD_INPUT and "x86-cpu" in unknown.stderr
+    zero = run_cli(capfd, "bench", tmp_path / "m.onnx", "--runs", "0")
+    assert zero.exit_code == ExitCode.BAD_INPUT and "--runs 0" in zero.stderr
