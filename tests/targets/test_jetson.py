@@ -12,14 +12,16 @@ from pe_export.converters.options import ExportOptions
 from pe_export.targets.jetson.benchmark import main as jetson_benchmark
 from pe_export.targets.jetson.tegrastats import mean_power_mw, parse_line
 
-# Lines in the formats tegrastats prints on each release (values from a loaded and an idle board).
+# Lines in the formats tegrastats prints: JetPack 5 (two-value rails, upper-case sensors) on Orin
+# and Xavier, and the three-value rails with lower-case sensors of newer releases (JetPack 6.1+/7).
+# They are composed from the documented formats, not captured on this project's own devices.
 ORIN_JETPACK5 = (
     "RAM 5120/30536MB (lfb 4848x4MB) SWAP 0/15268MB (cached 0MB) CPU [12%@2201,5%@2201,8%@2201,3%@2201,"
     "off,off,off,off] EMC_FREQ 7%@3199 GR3D_FREQ 61%@[1300,1300] VIC_FREQ 729 APE 174 CV0@45.218C CPU@47.5C "
     "SOC2@44.437C SOC0@45.312C CV1@44.875C GPU@46.125C tj@47.5C SOC1@44.562C CV2@44.281C "
     "VDD_GPU_SOC 7947mW/7947mW VDD_CPU_CV 1590mW/1590mW VIN_SYS_5V0 4152mW/4152mW VDDQ_VDD2_1V8AO 906mW/906mW"
 )
-ORIN_JETPACK6 = (
+ORIN_THREE_VALUE_RAILS = (
     "11-29-2026 10:00:01 RAM 20642/62817MB (lfb 1x2MB) SWAP 0/31408MB (cached 0MB) CPU [23%@2201,10%@2201,"
     "4%@2201,14%@2201,30%@2201,18%@2201,10%@2201,10%@2201,33%@2201,7%@2201,5%@2201,27%@2201] EMC_FREQ 3%@3199 "
     "GR3D_FREQ 12%@[1300,1300] NVENC0 off NVDEC0 off VIC off APE 174 cpu@52.968C/52.968C soc2@48.406C/48.406C "
@@ -44,8 +46,8 @@ def test_orin_jetpack5() -> None:
     assert sample.temps_c["tj"] == 47.5 and sample.temps_c["gpu"] == 46.125
 
 
-def test_orin_jetpack6_three_value_rails_and_lowercase_temps() -> None:
-    sample = parse_line(ORIN_JETPACK6)
+def test_orin_three_value_rails_and_lowercase_temps() -> None:
+    sample = parse_line(ORIN_THREE_VALUE_RAILS)
     assert sample.rails_mw == {"VDD_GPU_SOC": 5139, "VDD_CPU_CV": 3268, "VIN_SYS_5V0": 5500}
     assert len(sample.cpu_load) == 12 and sample.gpu_load == 12
     assert sample.temps_c["cpu"] == 52.968 and sample.temps_c["tj"] == 53.1
