@@ -358,6 +358,8 @@ def _raise_terminated(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(flag in args for flag in VERBOSE_FLAGS)
+    if verbose:  # accepted anywhere on the line, not only before the command
+        args = ["--verbose", *(arg for arg in args if arg not in VERBOSE_FLAGS)]
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         code = cli.main(args=args, prog_name="pe-export", standalone_mode=False)

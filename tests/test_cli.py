@@ -121,8 +121,11 @@ def test_existing_output_is_kept_without_overwrite(capfd, saved_model, tmp_path:
     assert no_stray_files(tmp_path) == []
 
 
-def test_verbose_shows_traceback(capfd, tmp_path: Path) -> None:
-    result = run_cli(capfd, "--verbose", "tflite", tmp_path / "missing", "-o", tmp_path / "m.tflite")
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_shows_traceback(capfd, tmp_path: Path, where: str) -> None:
+    args = ["tflite", tmp_path / "missing", "-o", tmp_path / "m.tflite"]
+    args = ["--verbose", *args] if where == "before" else [*args, "-v"]
+    result = run_cli(capfd, *args)
     assert result.exit_code == ExitCode.BAD_INPUT and "Traceback" in result.stderr
 
 
