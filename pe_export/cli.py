@@ -224,11 +224,9 @@ def golden(saved_model: Path, output: Path, **values: Any) -> int:
     "--runtime", default=None, help="litert, tflite-runtime, tflite-tf or onnxruntime (default: first installed)."
 )
 @click.option(
-    "--providers",
-    default=",".join(DEFAULT_PROVIDERS),
-    show_default=True,
-    help="onnxruntime providers in order: tensorrt,cuda,cpu.",
+    "--providers", default=None, help="onnxruntime providers in order, e.g. tensorrt,cuda,cpu (default: cpu)."
 )
+@click.option("--target", default=None, help="Apply a device profile (see `pe-export targets`).")
 @click.option(
     "--precision",
     type=click.Choice(list(DEFAULT_TOLERANCES)),

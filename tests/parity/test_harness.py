@@ -252,3 +252,17 @@ def test_golden_from_user_inputs(capfd, files, saved_model, tmp_path: Path) -> N
     np.savez(tmp_path / "bad.npz", token_ids=inputs["token_ids"])
     bad = run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "c", "--inputs", tmp_path / "bad.npz")
     one_line_error(bad, ExitCode.BAD_INPUT, "expected exactly: attention_mask, segment_ids, token_ids")
+
+
+def test_target_profile_sets_runtime_and_providers(capfd, files) -> None:
+    import onnxruntime as ort
+
+    cpu = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "x86-cpu")
+    assert cpu.exit_code == 0 and "onnxruntime[cpu]" in cpu.stdout
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        gpu = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "desktop-cuda")
+        one_line_error(gpu, ExitCode.RUNTIME_UNAVAILABLE, "TensorrtExecutionProvider")
+    explicit = run_cli(
+        capfd, "parity", files["onnx"], files["bundle"], "--target", "desktop-cuda", "--providers", "cpu"
+    )
+    assert explicit.exit_code == 0  # the command line wins over the profile
