@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
+from pe_export.bench import time_calls  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
 from pe_export.native import capture_native_output, import_tensorflow  # noqa: E402
 from pe_export.reference.variants import sinusoid_encoder  # noqa: E402
@@ -47,14 +48,7 @@ RUNTIMES = {"tflite": "litert", "onnx": "onnxruntime"}
 
 def p50_ms(runner, feed: dict[str, np.ndarray], runs: int) -> float:
     with runner:
-        for _ in range(10):
-            runner.infer(feed)
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            runner.infer(feed)
-            times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        return statistics.median(time_calls(runner, feed, runs, warmup=10))
 
 
 def conversion_times(saved_model: Path, work: Path, repeats: int = 2) -> tuple[float, float]:

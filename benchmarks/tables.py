@@ -16,7 +16,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
+from pe_export.bench import time_calls  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
 from pe_export.reference.variants import sinusoid_constant, sinusoid_encoder  # noqa: E402
@@ -43,14 +43,7 @@ RUNNERS = {"tflite": "litert", "onnx": "onnxruntime"}
 
 def median_latency_ms(path: Path, runtime: str, feed: dict[str, np.ndarray], runs: int) -> float:
     with create_runner(runtime, path, threads=1) as runner:
-        for _ in range(20):
-            runner.infer(feed)
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            runner.infer(feed)
-            times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        return statistics.median(time_calls(runner, feed, runs, warmup=20))
 
 
 def main() -> None:

@@ -94,6 +94,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def time_calls(
+    runner: Any,
+    feed: dict[str, np.ndarray],
+    runs: int,
+    warmup: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """Milliseconds per call of an activated runner, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        runner.infer(feed)
+    times = []
+    for run in range(runs):
+        started = time.perf_counter()
+        runner.infer(feed)
+        times.append((time.perf_counter() - started) * 1e3)
+        if progress:
+            progress(run + 1, runs)
+    return times
+
+
 def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int], None] | None = None) -> BenchResult:
     options.validate()
     model = Path(model)
@@ -117,15 +137,7 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
         started = time.perf_counter()
         runner.infer(feed)
         first_ms = (time.perf_counter() - started) * 1e3
-        for _ in range(options.warmup):
-            runner.infer(feed)
-        times = []
-        for run in range(options.runs):
-            started = time.perf_counter()
-            runner.infer(feed)
-            times.append((time.perf_counter() - started) * 1e3)
-            if progress:
-                progress(run + 1, options.runs)
+        times = time_calls(runner, feed, options.runs, options.warmup, progress)
         describe = runner.describe()
     finally:
         runner.deactivate()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pe_export.api import ExportReport, export_onnx, export_tflite
+from pe_export.bench import time_calls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, PeExportError
 from pe_export.parity.harness import ParityOptions, ParityReport, check_parity
@@ -169,14 +169,7 @@ def _p50_ms(path: Path, golden: Path) -> float | None:
         return None
     feed = {k: v[:1] for k, v in next(load_bundle(golden).batches()).inputs.items()}
     with create_runner(runtime, path, threads=1) as runner:
-        for _ in range(5):
-            runner.infer(feed)
-        times = []
-        for _ in range(BENCH_RUNS):
-            started = time.perf_counter()
-            runner.infer(feed)
-            times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        return statistics.median(time_calls(runner, feed, BENCH_RUNS, warmup=5))
 
 
 def _plot(variants: list[VariantResult], path: Path) -> Path | None:
