@@ -108,11 +108,11 @@ def _target_runtime(
     """Explicit options win; a --target profile fills what was not given; then library defaults."""
     chosen = tuple(p for p in providers.split(",") if p) if providers else None
     if target:
-        from pe_export.demo import installed_runtimes
+        from pe_export.runners import installed_runners
         from pe_export.targets import get_profile
 
         profile = get_profile(target)
-        runtime = runtime or profile.runtime_for(model, installed_runtimes(model))
+        runtime = runtime or profile.runtime_for(model, installed_runners(model))
         chosen = chosen or profile.providers
     return runtime, chosen or DEFAULT_PROVIDERS
 

@@ -21,7 +21,7 @@ from pe_export.bench import time_calls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, PeExportError
 from pe_export.parity.harness import ParityOptions, ParityReport, check_parity
-from pe_export.runners import create_runner, first_installed_runner, runners_for_file
+from pe_export.runners import create_runner, first_installed_runner, installed_runners
 from pe_export.tables.pipeline import TableOptions
 
 DEFAULT_DEMO_DIR = Path("pe-export-demo")
@@ -41,8 +41,6 @@ DEMO_VARIANTS: tuple[tuple[str, str, str, TableOptions], ...] = (
     ("onnx compress 16", "onnx", "none", TableOptions(compress=DEMO_COMPRESS)),
     ("tflite seed interp", "tflite", "none", TableOptions(compress=8, method="interp", allow_lossy=True)),
 )
-INSTALLED_MODULES = {"litert": "ai_edge_litert", "tflite-runtime": "tflite_runtime", "tflite-tf": "tensorflow",
-                     "onnxruntime": "onnxruntime"}  # fmt: skip
 
 
 @dataclass
@@ -147,18 +145,12 @@ def run_demo(
 
 def _check_variant(name: str, report: ExportReport, golden: Path) -> VariantResult:
     checks, errors = [], []
-    for runtime in installed_runtimes(report.output):
+    for runtime in installed_runners(report.output):
         try:
             checks.append(check_parity(report.output, golden, ParityOptions(runtime=runtime, isolate=False)))
         except PeExportError as err:
             errors.append(f"{runtime}: {err}")
     return VariantResult(name, report, checks, _p50_ms(report.output, golden), errors)
-
-
-def installed_runtimes(path: Path) -> list[str]:
-    import importlib.util
-
-    return [name for name in runners_for_file(path) if importlib.util.find_spec(INSTALLED_MODULES[name])]
 
 
 def _p50_ms(path: Path, golden: Path) -> float | None:

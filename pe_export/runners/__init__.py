@@ -5,6 +5,20 @@ Importing this package registers every runner; each imports its backend lazily o
 """
 
 from pe_export.runners import litert, onnxrt  # noqa: F401  (registration)
-from pe_export.runners.base import Runner, create_runner, first_installed_runner, runner_names, runners_for_file
+from pe_export.runners.base import (
+    Runner,
+    create_runner,
+    first_installed_runner,
+    installed_runners,
+    runner_names,
+    runners_for_file,
+)
 
-__all__ = ["Runner", "create_runner", "first_installed_runner", "runner_names", "runners_for_file"]
+__all__ = [
+    "Runner",
+    "create_runner",
+    "first_installed_runner",
+    "installed_runners",
+    "runner_names",
+    "runners_for_file",
+]

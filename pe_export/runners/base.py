@@ -89,12 +89,13 @@ def runners_for_file(path: Path) -> list[str]:
     return [name for name, cls in _REGISTRY.items() if suffix in cls.file_suffixes]
 
 
+def installed_runners(path: Path) -> list[str]:
+    """Runners for this file whose backend module is installed (found, not imported), in preference order."""
+    return [name for name in runners_for_file(path) if importlib.util.find_spec(_REGISTRY[name].backend_module)]
+
+
 def first_installed_runner(path: Path) -> str | None:
-    """The first runner for this file whose backend module is installed (found, not imported)."""
-    for name in runners_for_file(path):
-        if importlib.util.find_spec(_REGISTRY[name].backend_module) is not None:
-            return name
-    return None
+    return next(iter(installed_runners(path)), None)
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
