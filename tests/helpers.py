@@ -27,6 +27,16 @@ def run_cli(capfd: pytest.CaptureFixture[str], *args: str) -> CliResult:
     return CliResult(int(exit_info.value.code or 0), out, err)
 
 
+def assert_one_line_error(result: CliResult, code: int, *fragments: str) -> None:
+    """Exit ``code``, exactly one non-empty stderr line starting "error: ", no traceback, every fragment in it."""
+    assert result.exit_code == code, (result.stdout[-500:], result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
 def reference_outputs(saved_model: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import tensorflow as tf
 

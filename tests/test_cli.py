@@ -7,17 +7,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.errors import ExitCode
-from tests.helpers import run_cli
-
-
-def assert_one_line_error(result, code: ExitCode, *fragments: str) -> None:
-    assert result.exit_code == code, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
+from tests.helpers import assert_one_line_error, run_cli
 
 
 def no_stray_files(folder: Path) -> list[str]:

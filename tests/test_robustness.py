@@ -15,17 +15,9 @@ from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.golden import GoldenOptions, make_golden
-from tests.helpers import run_cli
+from tests.helpers import assert_one_line_error, run_cli
 
 CLI = [sys.executable, "-m", "pe_export.cli"]
-
-
-def one_line(result, code: int, *fragments: str) -> None:
-    assert result.exit_code == code, (result.stdout[-500:], result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +35,9 @@ def test_savedmodel_with_missing_variables(capfd, saved_model, tmp_path: Path) -
     shutil.copytree(saved_model("encoder_dynamic"), broken)
     for data in (broken / "variables").glob("variables.data-*"):
         data.unlink()
-    one_line(run_cli(capfd, "onnx", broken, "-o", tmp_path / "m.onnx"), ExitCode.BAD_INPUT, "could not be loaded")
+    assert_one_line_error(
+        run_cli(capfd, "onnx", broken, "-o", tmp_path / "m.onnx"), ExitCode.BAD_INPUT, "could not be loaded"
+    )
 
 
 def test_savedmodel_without_signature(capfd, tmp_path: Path) -> None:
@@ -52,7 +46,7 @@ def test_savedmodel_without_signature(capfd, tmp_path: Path) -> None:
     module = tf.Module()
     module.v = tf.Variable(1.0)
     tf.saved_model.save(module, str(tmp_path / "nosig"))
-    one_line(run_cli(capfd, "tflite", tmp_path / "nosig", "-o", tmp_path / "m.tflite"), ExitCode.BAD_INPUT,
+    assert_one_line_error(run_cli(capfd, "tflite", tmp_path / "nosig", "-o", tmp_path / "m.tflite"), ExitCode.BAD_INPUT,
              "has no serving signature")  # fmt: skip
 
 
@@ -64,7 +58,9 @@ def test_onnx_with_missing_initializer_and_unknown_op(capfd, exported, tmp_path:
     missing = tmp_path / "missing.onnx"
     onnx.save(model, str(missing))
     assert run_cli(capfd, "inspect", missing).exit_code == 0  # reading it is fine
-    one_line(run_cli(capfd, "parity", missing, exported["bundle"]), ExitCode.BAD_INPUT, "onnxruntime could not load")
+    assert_one_line_error(
+        run_cli(capfd, "parity", missing, exported["bundle"]), ExitCode.BAD_INPUT, "onnxruntime could not load"
+    )
 
     model = onnx.load(str(exported["onnx"]))
     model.graph.node[0].op_type = "NoSuchOp"
@@ -73,13 +69,15 @@ def test_onnx_with_missing_initializer_and_unknown_op(capfd, exported, tmp_path:
     inspected = run_cli(capfd, "inspect", unknown)
     assert inspected.exit_code == 0 and "custom/unknown ops: NoSuchOp" in inspected.stdout
     assert "onnxruntime      NO" in inspected.stdout
-    one_line(run_cli(capfd, "parity", unknown, exported["bundle"]), ExitCode.BAD_INPUT, "NoSuchOp")
+    assert_one_line_error(run_cli(capfd, "parity", unknown, exported["bundle"]), ExitCode.BAD_INPUT, "NoSuchOp")
 
 
 def test_truncated_tflite_in_parity(capfd, exported, tmp_path: Path) -> None:
     truncated = tmp_path / "t.tflite"
     truncated.write_bytes(exported["tflite"].read_bytes()[:5000])
-    one_line(run_cli(capfd, "parity", truncated, exported["bundle"]), ExitCode.BAD_INPUT, "truncated or corrupt")
+    assert_one_line_error(
+        run_cli(capfd, "parity", truncated, exported["bundle"]), ExitCode.BAD_INPUT, "truncated or corrupt"
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,7 +91,9 @@ def test_truncated_tflite_in_parity(capfd, exported, tmp_path: Path) -> None:
     ],
 )
 def test_bad_parity_options(capfd, exported, args: list[str], fragment: str) -> None:
-    one_line(run_cli(capfd, "parity", exported["tflite"], exported["bundle"], *args), ExitCode.BAD_INPUT, fragment)
+    assert_one_line_error(
+        run_cli(capfd, "parity", exported["tflite"], exported["bundle"], *args), ExitCode.BAD_INPUT, fragment
+    )
 
 
 def _wait_for(predicate, seconds: float) -> bool:

@@ -18,7 +18,7 @@ from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
 from pe_export.parity.harness import ParityAssertionError, assert_parity
 from pe_export.runners.isolated import IsolatedRunner
-from tests.helpers import run_cli
+from tests.helpers import assert_one_line_error, run_cli
 
 MODEL = "encoder_multi_io"
 DAMAGED_POSITIONS = range(8, 12)
@@ -58,14 +58,6 @@ def rewrite_batch(bundle: Path, edit) -> None:
     (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 
-def one_line_error(result, code: ExitCode, *fragments: str) -> None:
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 @pytest.mark.parametrize(("key", "precision"), [("tflite", "fp32"), ("tflite-fp16", "fp16"),
                                                 ("tflite-int8", "int8"), ("onnx", "fp32")])  # fmt: skip
 def test_exports_pass_with_default_tolerances(capfd, files, tmp_path: Path, key: str, precision: str) -> None:
@@ -102,7 +94,7 @@ def test_damaged_position_table_fails_and_the_profile_points_at_it(capfd, files,
     report_path = tmp_path / "report.json"
     plot = tmp_path / "profile.png"
     result = run_cli(capfd, "parity", broken, files["bundle"], "--json", report_path, "--plot", plot)
-    one_line_error(result, ExitCode.PARITY_FAILED, "fails parity", "worst at sequence position")
+    assert_one_line_error(result, ExitCode.PARITY_FAILED, "fails parity", "worst at sequence position")
     profile = next(o for o in json.loads(report_path.read_text())["outputs"] if o["name"] == "sequence_output")
     errors = np.array(profile["position_max_abs"])
     damaged = errors[list(DAMAGED_POSITIONS)]
@@ -140,18 +132,18 @@ def test_per_output_tolerance(capfd, files) -> None:
     assert strict.exit_code == ExitCode.PARITY_FAILED
     assert "'sequence_output'" in strict.stderr
     unknown = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--atol", "logits:1e-3")
-    one_line_error(unknown, ExitCode.BAD_INPUT, "unknown output(s) logits", "pooled_output, sequence_output")
+    assert_one_line_error(unknown, ExitCode.BAD_INPUT, "unknown output(s) logits", "pooled_output, sequence_output")
     garbage = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--atol", "tiny")
-    one_line_error(garbage, ExitCode.BAD_INPUT, "'tiny' is not a number")
+    assert_one_line_error(garbage, ExitCode.BAD_INPUT, "'tiny' is not a number")
 
 
 def test_wrong_model_bundle(capfd, files, saved_model, tmp_path: Path) -> None:
     other = tmp_path / "other"
     make_golden(saved_model("encoder_dynamic"), other, GoldenOptions(samples=2, batch=2))
     result = run_cli(capfd, "parity", files["tflite"], other)
-    one_line_error(result, ExitCode.BAD_INPUT, "wrong bundle for this model", "--ignore-digest")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "wrong bundle for this model", "--ignore-digest")
     forced = run_cli(capfd, "parity", files["tflite"], other, "--ignore-digest")
-    one_line_error(forced, ExitCode.BAD_INPUT, "takes inputs attention_mask, segment_ids, token_ids")
+    assert_one_line_error(forced, ExitCode.BAD_INPUT, "takes inputs attention_mask, segment_ids, token_ids")
 
 
 def test_wrong_shape_and_dtype_bundles(capfd, files, tmp_path: Path) -> None:
@@ -163,7 +155,7 @@ def test_wrong_shape_and_dtype_bundles(capfd, files, tmp_path: Path) -> None:
         arrays["valid"] = arrays["valid"][:, :8]
 
     rewrite_batch(shape, shorten)
-    one_line_error(run_cli(capfd, "parity", files["tflite"], shape), ExitCode.BAD_INPUT, "manifest says (4, 16)")
+    assert_one_line_error(run_cli(capfd, "parity", files["tflite"], shape), ExitCode.BAD_INPUT, "manifest says (4, 16)")
 
     dtype = copy_bundle(files, tmp_path / "dtype")
 
@@ -175,7 +167,7 @@ def test_wrong_shape_and_dtype_bundles(capfd, files, tmp_path: Path) -> None:
 
     rewrite_batch(dtype, widen)
     result = run_cli(capfd, "parity", files["tflite"], dtype)
-    one_line_error(result, ExitCode.BAD_INPUT, "the bundle holds int64", "takes int32")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "the bundle holds int64", "takes int32")
 
 
 @pytest.mark.parametrize("damage", ["object-array", "nan-reference", "no-manifest", "bad-json", "sha", "escape"])
@@ -202,7 +194,7 @@ def test_damaged_bundles_are_bad_input(capfd, files, tmp_path: Path, damage: str
         manifest["batches"][0]["file"] = "../../etc/passwd"
         manifest_path.write_text(json.dumps(manifest))
         fragment = "points outside the bundle"
-    one_line_error(run_cli(capfd, "parity", files["tflite"], bundle), ExitCode.BAD_INPUT, fragment)
+    assert_one_line_error(run_cli(capfd, "parity", files["tflite"], bundle), ExitCode.BAD_INPUT, fragment)
 
 
 def test_missing_provider_is_exit_3_not_a_cpu_fallback(capfd, files) -> None:
@@ -211,7 +203,7 @@ def test_missing_provider_is_exit_3_not_a_cpu_fallback(capfd, files) -> None:
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this machine has CUDA; the refusal needs a CPU-only onnxruntime")
     result = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--providers", "cuda,cpu")
-    one_line_error(result, ExitCode.RUNTIME_UNAVAILABLE, "CUDAExecutionProvider not available")
+    assert_one_line_error(result, ExitCode.RUNTIME_UNAVAILABLE, "CUDAExecutionProvider not available")
 
 
 def test_child_crash_and_hang_are_reported(files) -> None:
@@ -230,9 +222,9 @@ def test_child_crash_and_hang_are_reported(files) -> None:
 
 def test_golden_refuses_existing_bundle_and_bad_values(capfd, files, saved_model, tmp_path: Path) -> None:
     existing = run_cli(capfd, "golden", saved_model(MODEL), "-o", files["bundle"])
-    one_line_error(existing, ExitCode.BAD_INPUT, "already exists", "--overwrite")
+    assert_one_line_error(existing, ExitCode.BAD_INPUT, "already exists", "--overwrite")
     zero = run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "b", "--samples", "0")
-    one_line_error(zero, ExitCode.BAD_INPUT, "--samples 0 is out of range")
+    assert_one_line_error(zero, ExitCode.BAD_INPUT, "--samples 0 is out of range")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -251,7 +243,7 @@ def test_golden_from_user_inputs(capfd, files, saved_model, tmp_path: Path) -> N
     assert run_cli(capfd, "parity", files["onnx"], tmp_path / "b").exit_code == 0
     np.savez(tmp_path / "bad.npz", token_ids=inputs["token_ids"])
     bad = run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "c", "--inputs", tmp_path / "bad.npz")
-    one_line_error(bad, ExitCode.BAD_INPUT, "expected exactly: attention_mask, segment_ids, token_ids")
+    assert_one_line_error(bad, ExitCode.BAD_INPUT, "expected exactly: attention_mask, segment_ids, token_ids")
 
 
 def test_target_profile_sets_runtime_and_providers(capfd, files) -> None:
@@ -261,7 +253,7 @@ def test_target_profile_sets_runtime_and_providers(capfd, files) -> None:
     assert cpu.exit_code == 0 and "onnxruntime[cpu]" in cpu.stdout
     if "TensorrtExecutionProvider" not in ort.get_available_providers():
         gpu = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "desktop-cuda")
-        one_line_error(gpu, ExitCode.RUNTIME_UNAVAILABLE, "TensorrtExecutionProvider")
+        assert_one_line_error(gpu, ExitCode.RUNTIME_UNAVAILABLE, "TensorrtExecutionProvider")
     explicit = run_cli(
         capfd, "parity", files["onnx"], files["bundle"], "--target", "desktop-cuda", "--providers", "cpu"
     )
