@@ -87,26 +87,27 @@ FLIPS = st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_si
 CUTS = st.one_of(st.none(), st.integers(0, 200_000))
 
 
+def fuzz_model_file(seeds: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None,
+                    run: int) -> None:  # fmt: skip
+    """Inspect a mutated exported file; now and then also run it, in the runtime's child process."""
+    path = seeds["work"] / f"fuzz.{kind}"
+    path.write_bytes(mutate(seeds[kind].read_bytes(), flips, cut))
+    run_case(seeds["work"], "inspect", path)
+    if run == 0:
+        FIGURES["child_runs"] += 1
+        run_case(seeds["work"], "parity", path, seeds["bundle"], "--timeout", "30")
+
+
 @settings(max_examples=450, **SETTINGS)
 @given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
 def test_fuzz_tflite(seeds, flips, cut, run) -> None:
-    path = seeds["work"] / "fuzz.tflite"
-    path.write_bytes(mutate(seeds["tflite"].read_bytes(), flips, cut))
-    run_case(seeds["work"], "inspect", path)
-    if run == 0:  # now and then, through the runtime in its child process
-        FIGURES["child_runs"] += 1
-        run_case(seeds["work"], "parity", path, seeds["bundle"], "--timeout", "30")
+    fuzz_model_file(seeds, "tflite", flips, cut, run)
 
 
 @settings(max_examples=300, **SETTINGS)
 @given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
 def test_fuzz_onnx(seeds, flips, cut, run) -> None:
-    path = seeds["work"] / "fuzz.onnx"
-    path.write_bytes(mutate(seeds["onnx"].read_bytes(), flips, cut))
-    run_case(seeds["work"], "inspect", path)
-    if run == 0:
-        FIGURES["child_runs"] += 1
-        run_case(seeds["work"], "parity", path, seeds["bundle"], "--timeout", "30")
+    fuzz_model_file(seeds, "onnx", flips, cut, run)
 
 
 JSON_VALUES = st.recursive(
