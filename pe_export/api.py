@@ -155,15 +155,17 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
+    from dataclasses import replace
+
     from pe_export.savedmodel import check_savedmodel_dir, load_savedmodel, signature_input_specs
-    from pe_export.tables.pipeline import prepare_graph, replace_options
+    from pe_export.tables.pipeline import prepare_graph
 
     options.tables.validate()
     check_savedmodel_dir(Path(saved_model))
     loaded = load_savedmodel(Path(saved_model))
     signature = loaded.signature(options.signature)
     specs = options.export_specs(signature_input_specs(signature))
-    return prepare_graph(loaded, signature, specs, replace_options(options.tables, list_only=True)).results
+    return prepare_graph(loaded, signature, specs, replace(options.tables, list_only=True)).results
 
 
 def _feed(

@@ -15,7 +15,7 @@ from pe_export.tables.methods import Compressed, get_method, method_names
 from pe_export.tables.sinusoid import sinusoid_values
 
 TABLE_DTYPES = ("float32", "float16")
-COMPRESS_METHODS = ("auto", *("angle", "svd", "interp", "none"))
+COMPRESS_METHODS = ("auto", *method_names())  # the CLI choices come from the registry
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,6 @@ class TableOptions:
             raise BadInputError(f"--compress {self.compress} is out of range; expected 1 to 65536 values per position")
         if self.max_len is not None and not 2 <= self.max_len <= MAX_SEQ_LEN:
             raise BadInputError(f"--max-len {self.max_len} is out of range; expected 2 to {MAX_SEQ_LEN}")
-
-
-def replace_options(options: TableOptions, **changes: Any) -> TableOptions:
-    from dataclasses import replace
-
-    return replace(options, **changes)
 
 
 @dataclass
