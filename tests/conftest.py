@@ -52,3 +52,28 @@ def variant_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
         return built[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def exported_file(saved_model, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """exported_file(model, target, quantize="none") → that export (unverified), made once per session.
+
+    Tests read these files and write their variants elsewhere: they are shared.
+    """
+    made: dict[tuple[str, str, str], Path] = {}
+    root = tmp_path_factory.mktemp("exports")
+
+    def get(model: str, target: str, quantize: str = "none") -> Path:
+        key = (model, target, quantize)
+        if key not in made:
+            from pe_export.api import export_onnx, export_tflite
+            from pe_export.converters.options import ExportOptions
+
+            export = export_tflite if target == "tflite" else export_onnx
+            path = root / f"{model}-{quantize}" / f"m.{target}"
+            path.parent.mkdir(exist_ok=True)
+            export(saved_model(model), path, ExportOptions(quantize=quantize, verify=False))
+            made[key] = path
+        return made[key]
+
+    return get

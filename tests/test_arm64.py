@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.runners.isolated import CHILD_PYTHON_ENV
 
@@ -58,20 +56,20 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return launcher
 
 
-def test_parity_passes_on_emulated_aarch64(arm64_python: Path, saved_model, tmp_path: Path) -> None:
-    model = saved_model("encoder_multi_io")
+def test_parity_passes_on_emulated_aarch64(arm64_python: Path, saved_model, exported_file, tmp_path: Path) -> None:
+    model = "encoder_multi_io"
     files = {
-        "tflite fp32": (export_tflite, "m.tflite", "none"),
-        "tflite dynamic-int8": (export_tflite, "m.int8.tflite", "dynamic-int8"),
-        "onnx fp32": (export_onnx, "m.onnx", "none"),
+        "tflite fp32": ("tflite", "none"),
+        "tflite dynamic-int8": ("tflite", "dynamic-int8"),
+        "onnx fp32": ("onnx", "none"),
     }
     bundle = tmp_path / "golden"
-    make_golden(model, bundle, GoldenOptions(samples=8, batch=4))
-    for name, (export, file_name, quantize) in files.items():
-        export(model, tmp_path / file_name, ExportOptions(quantize=quantize, verify=False))
-        report = tmp_path / f"{file_name}.json"
+    make_golden(saved_model(model), bundle, GoldenOptions(samples=8, batch=4))
+    for name, (target, quantize) in files.items():
+        exported = exported_file(model, target, quantize)
+        report = tmp_path / f"{name.replace(' ', '-')}.json"
         checked = _run(
-            arm64_python, "-m", "pe_export.cli", "parity", tmp_path / file_name, bundle, "--json", report,
+            arm64_python, "-m", "pe_export.cli", "parity", exported, bundle, "--json", report,
             env={"QEMU_CPU": QEMU_CPU, CHILD_PYTHON_ENV: str(arm64_python)},
         )  # fmt: skip
         assert checked.returncode == 0, checked.stdout[-1500:] + checked.stderr[-1500:]

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.golden import GoldenOptions, make_golden
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,10 +80,8 @@ def test_device_extra_pulls_no_tensorflow(device_venv: Path) -> None:
     assert not {p for p in packages if p.startswith(("tensorflow", "tf-", "keras", "tf2onnx"))}
 
 
-def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, tmp_path: Path) -> None:
-    tflite, onnx = tmp_path / "m.tflite", tmp_path / "m.onnx"
-    export_tflite(saved_model("encoder_dynamic"), tflite, ExportOptions(verify=False))
-    export_onnx(saved_model("encoder_dynamic"), onnx, ExportOptions(verify=False))
+def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, exported_file, tmp_path: Path) -> None:
+    tflite, onnx = exported_file("encoder_dynamic", "tflite"), exported_file("encoder_dynamic", "onnx")
 
     for path in (tflite, onnx):
         cli = _run(device_venv / "bin" / "pe-export", "inspect", path)

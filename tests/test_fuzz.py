@@ -19,9 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pe_export.api import export_onnx, export_tflite
 from pe_export.cli import main
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
@@ -39,11 +37,10 @@ ALLOWED = {int(code) for code in ExitCode} - {int(ExitCode.INTERNAL_ERROR)}
 
 
 @pytest.fixture(scope="module")
-def seeds(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def seeds(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("fuzz-seeds")
-    paths = {"tflite": out / "m.tflite", "onnx": out / "m.onnx", "bundle": out / "golden", "work": out / "work"}
-    export_tflite(saved_model("encoder_dynamic"), paths["tflite"], ExportOptions(verify=False))
-    export_onnx(saved_model("encoder_dynamic"), paths["onnx"], ExportOptions(verify=False))
+    paths = {target: exported_file("encoder_dynamic", target) for target in ("tflite", "onnx")}
+    paths.update({"bundle": out / "golden", "work": out / "work"})
     make_golden(saved_model("encoder_dynamic"), paths["bundle"], GoldenOptions(samples=4, batch=2))
     paths["work"].mkdir()
     return paths

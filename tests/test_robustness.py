@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.golden import GoldenOptions, make_golden
 from tests.helpers import assert_one_line_error, run_cli
@@ -21,11 +19,10 @@ CLI = [sys.executable, "-m", "pe_export.cli"]
 
 
 @pytest.fixture(scope="module")
-def exported(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def exported(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("hostile")
-    paths = {"tflite": out / "m.tflite", "onnx": out / "m.onnx", "bundle": out / "golden"}
-    export_tflite(saved_model("encoder_dynamic"), paths["tflite"], ExportOptions(verify=False))
-    export_onnx(saved_model("encoder_dynamic"), paths["onnx"], ExportOptions(verify=False))
+    paths = {target: exported_file("encoder_dynamic", target) for target in ("tflite", "onnx")}
+    paths["bundle"] = out / "golden"
     make_golden(saved_model("encoder_dynamic"), paths["bundle"], GoldenOptions(samples=4, batch=2))
     return paths
 

@@ -7,8 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode
 from pe_export.inspection import inspect_path
 from pe_export.inspection.tflite_schema import BUILTIN_OPERATORS, TENSOR_TYPES
@@ -16,13 +14,12 @@ from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="module")
-def exported(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("inspect")
-    paths = {"tflite": out / "m.tflite", "onnx": out / "m.onnx", "flex": out / "flex.tflite"}
-    export_tflite(saved_model("encoder_multi_io"), paths["tflite"], ExportOptions(verify=False))
-    export_onnx(saved_model("encoder_multi_io"), paths["onnx"], ExportOptions(verify=False))
-    export_tflite(saved_model("encoder_flex"), paths["flex"], ExportOptions(verify=False))
-    return paths
+def exported(exported_file) -> dict[str, Path]:
+    return {
+        "tflite": exported_file("encoder_multi_io", "tflite"),
+        "onnx": exported_file("encoder_multi_io", "onnx"),
+        "flex": exported_file("encoder_flex", "tflite"),
+    }
 
 
 def test_schema_table_matches_installed_schema() -> None:

@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode, RuntimeUnavailableError
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
@@ -25,18 +23,17 @@ DAMAGED_POSITIONS = range(8, 12)
 
 
 @pytest.fixture(scope="module")
-def files(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def files(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("parity")
     paths = {"bundle": out / "golden"}
     make_golden(saved_model(MODEL), paths["bundle"], GoldenOptions(samples=12, batch=4))
-    for key, export, mode in (
-        ("tflite", export_tflite, "none"),
-        ("tflite-fp16", export_tflite, "float16"),
-        ("tflite-int8", export_tflite, "dynamic-int8"),
-        ("onnx", export_onnx, "none"),
+    for key, target, mode in (
+        ("tflite", "tflite", "none"),
+        ("tflite-fp16", "tflite", "float16"),
+        ("tflite-int8", "tflite", "dynamic-int8"),
+        ("onnx", "onnx", "none"),
     ):
-        paths[key] = out / f"{key}.{'onnx' if key == 'onnx' else 'tflite'}"
-        export(saved_model(MODEL), paths[key], ExportOptions(quantize=mode, verify=False))
+        paths[key] = exported_file(MODEL, target, mode)
     return paths
 
 

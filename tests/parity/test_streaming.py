@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pe_export.api import export_onnx
-from pe_export.converters.options import ExportOptions
 from pe_export.golden import GoldenOptions, make_golden
 from tests.helpers import measured_parity
 
@@ -16,9 +14,8 @@ ALLOWED_GROWTH_MB = 8.0
 SMALL, LARGE, BATCH, SEQ_LEN = 100, 4000, 8, 64
 
 
-def test_peak_rss_is_flat_in_bundle_size(saved_model, tmp_path: Path) -> None:
-    model = tmp_path / "m.onnx"
-    export_onnx(saved_model("encoder_multi_io"), model, ExportOptions(verify=False))
+def test_peak_rss_is_flat_in_bundle_size(saved_model, exported_file, tmp_path: Path) -> None:
+    model = exported_file("encoder_multi_io", "onnx")
     small, large = tmp_path / "small", tmp_path / "large"
     make_golden(saved_model("encoder_multi_io"), small, GoldenOptions(samples=SMALL, batch=BATCH, seq_len=SEQ_LEN))
     make_golden(saved_model("encoder_multi_io"), large, GoldenOptions(samples=LARGE, batch=BATCH, seq_len=SEQ_LEN))

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.options import ExportOptions
 from pe_export.targets.jetson.benchmark import main as jetson_benchmark
 from pe_export.targets.jetson.tegrastats import mean_power_mw, parse_line
 
@@ -61,10 +59,10 @@ def test_xavier_jetpack5() -> None:
     assert mean_power_mw([sample, parse_line(ORIN_JETPACK5)]) == (1526 + 4152) / 2
 
 
-def test_benchmark_off_a_jetson_runs_the_cpu_parts(saved_model, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    tflite, onnx = tmp_path / "m.tflite", tmp_path / "m.onnx"
-    export_tflite(saved_model("encoder_dynamic"), tflite, ExportOptions(verify=False))
-    export_onnx(saved_model("encoder_dynamic"), onnx, ExportOptions(verify=False))
+def test_benchmark_off_a_jetson_runs_the_cpu_parts(
+    exported_file, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    tflite, onnx = exported_file("encoder_dynamic", "tflite"), exported_file("encoder_dynamic", "onnx")
     code = jetson_benchmark([str(tflite), str(onnx), "--out", str(tmp_path / "bench"), "--target", "x86-cpu",
                              "--seq-len", "16", "--runs", "20"])  # fmt: skip
     printed = capsys.readouterr().out
