@@ -52,7 +52,8 @@ class LoadedSavedModel:
     def signature_names(self) -> list[str]:
         return sorted(self.obj.signatures.keys())
 
-    def signature(self, name: str | None) -> Any:
+    def resolve_signature_name(self, name: str | None) -> str:
+        """The signature to use: ``name``, else serving_default, else the first; checked to exist."""
         names = self.signature_names
         if not names:
             raise BadInputError(
@@ -60,18 +61,15 @@ class LoadedSavedModel:
                 "or save it with signatures="
             )
         if name is None:
-            name = DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
+            return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
         if name not in names:
             raise BadInputError(
                 f"signature {name!r} is not in {self.path}; it has: {', '.join(names)} (use --signature)"
             )
-        return self.obj.signatures[name]
-
-    def resolve_signature_name(self, name: str | None) -> str:
-        self.signature(name)
-        if name is None:
-            return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in self.signature_names else self.signature_names[0]
         return name
+
+    def signature(self, name: str | None) -> Any:
+        return self.obj.signatures[self.resolve_signature_name(name)]
 
 
 def load_savedmodel(path: Path) -> LoadedSavedModel:
