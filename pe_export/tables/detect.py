@@ -106,7 +106,7 @@ def _folded_relative(node: Any, table: np.ndarray, variables: dict[str, np.ndarr
     rows = folded.reshape(-1, folded.shape[-1])
     matches = np.all(rows[:, None, :] == table[None, :, :], axis=-1)
     index = np.argmax(matches, axis=1).reshape(folded.shape[:2]).astype(np.int32)
-    name = _matching_variable(table, variables) or _readable(node.name)
+    name = _origin(table, variables) or _readable(node.name)
     info = TableInfo(node.name, name, "computed", "relative", tuple(folded.shape), folded.dtype.name, folded)
     info.relative = (table, index) if matches.any(axis=1).all() else None
     t = folded.shape[0]
@@ -150,13 +150,6 @@ def _table_shaped(dims: list[int]) -> bool:
     if len(dims) == 3 and dims[0] == 1:
         dims = dims[1:]
     return len(dims) == 2 and dims[0] >= 3 and dims[1] >= 2 and dims[0] * dims[1] >= MIN_TABLE_ELEMENTS
-
-
-def _matching_variable(value: np.ndarray, variables: dict[str, np.ndarray]) -> str | None:
-    for name, array in variables.items():
-        if array.shape == value.shape and array.dtype == value.dtype and np.array_equal(array, value):
-            return name
-    return None
 
 
 def _origin(rows: np.ndarray, candidates: dict[str, np.ndarray]) -> str | None:
