@@ -4,9 +4,11 @@
 
 Records `nvpmodel -q` and `jetson_clocks --show`, samples tegrastats every 100 ms while
 `pe-export bench` runs the .tflite on the CPU (XNNPACK) and the .onnx with the TensorRT,
-CUDA and CPU providers, and writes results.json, results.csv and a one-screen summary with
-energy per inference (mean board power × median latency). Off a Jetson it says so and still
-runs the CPU parts.
+CUDA and CPU providers, and writes results.json, results.csv, each run's raw tegrastats log
+and a one-screen summary with energy per inference (mean module power × median latency).
+Module power is the input rail where the module has one (Orin NX/Nano: VDD_IN), else the
+sum of its rails (AGX Orin, AGX Xavier); the carrier board is never included. Off a Jetson
+it says so and still runs the CPU parts.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 from pe_export.bench import BenchOptions, run_bench
 from pe_export.errors import PeExportError
 from pe_export.targets import get_profile
-from pe_export.targets.jetson.tegrastats import mean_power_mw, parse_line
+from pe_export.targets.jetson.tegrastats import Sample, mean_power_mw, parse_line
 
 SAMPLE_INTERVAL_MS = 100
 RUNS = (  # (label, file suffix, runtime, providers)
@@ -44,15 +46,16 @@ def command_output(*command: str) -> str | None:
 
 
 class Tegrastats:
-    """tegrastats writing to a log for the duration of a `with` block."""
+    """tegrastats writing to `log` for the duration of a `with` block; the log is kept as the run's record."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         self.available = shutil.which("tegrastats") is not None
-        self.log = Path(tempfile.mkstemp(prefix="tegrastats-", suffix=".log")[1])
+        self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Tegrastats:
         if self.available:
+            self.log.unlink(missing_ok=True)  # --logfile appends
             self.process = subprocess.Popen(
                 ["tegrastats", "--interval", str(SAMPLE_INTERVAL_MS), "--logfile", str(self.log)]
             )
@@ -60,12 +63,12 @@ class Tegrastats:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Only our own process: `tegrastats --stop` would also end one the user started with --start.
         if self.process:
-            subprocess.run(["tegrastats", "--stop"], check=False, capture_output=True)
             self.process.terminate()
             self.process.wait(timeout=10)
 
-    def samples(self) -> list[Any]:
+    def samples(self) -> list[Sample]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return [parse_line(line) for line in text.splitlines() if line.strip()]
 
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             settings = {**profile.bench, **{k: v for k, v in (("seq_len", args.seq_len), ("runs", args.runs)) if v}}
             options = BenchOptions(runtime=runtime, providers=providers or ("cpu",), **settings)
-            with Tegrastats() as power:
+            log = args.out / f"tegrastats-{model.stem}-{re.sub(r'[^a-z0-9]+', '-', label).strip('-')}.log"
+            with Tegrastats(log) as power:
                 try:
                     bench = run_bench(model, options)
                 except PeExportError as err:
@@ -107,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             samples = power.samples()
             watts = mean_power_mw(samples)
             row = {"model": str(model), "run": label, **bench.to_dict(), "power_samples": len(samples),
-                   "mean_power_mw": watts,
+                   "mean_power_mw": watts, "power_basis": samples[0].power_basis if samples else None,
+                   "tegrastats_log": log.name if log.exists() else None,
                    "energy_mj_per_inference": watts * bench.latency_ms["p50"] / 1000 if watts else None,
                    "max_temp_c": max((max(s.temps_c.values()) for s in samples if s.temps_c), default=None),
                    "mean_gpu_load": _mean([s.gpu_load for s in samples])}  # fmt: skip
@@ -140,6 +145,9 @@ def summary(environment: dict[str, Any], results: list[dict[str, Any]]) -> str:
         energy = "-" if row["energy_mj_per_inference"] is None else f"{row['energy_mj_per_inference']:.3f}"
         lines.append(f"{row['run']:<22} {row['latency_ms']['p50']:>8.3f} {row['sequences_per_s']:>9.1f} "
                      f"{power:>9} {energy:>13}")  # fmt: skip
+    bases = sorted({row["power_basis"] for row in results if row.get("power_basis")})
+    if bases:
+        lines.append(f"mean mW = module power from {', '.join(bases)} (carrier board not included)")
     return "\n".join(lines)
 
 
