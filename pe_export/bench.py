@@ -19,7 +19,7 @@ import numpy as np
 from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.inputs import generate_inputs
 from pe_export.runners import create_runner, first_installed_runner
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, runner_options
 
 DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = 100, 10, 1, 128
 BENCH_SCHEMA_VERSION = 1
@@ -27,9 +27,9 @@ BENCH_SCHEMA = {
     "schema": "pe-export-bench, integer version",
     "model": "path of the file measured",
     "file_bytes": "size of the file (bytes)",
-    "runtime": "runner and providers, e.g. onnxruntime[cuda,cpu]",
+    "runtime": "runner and providers, e.g. onnxruntime[cuda,cpu]; ' tf32' when TF32 math was allowed",
     "threads": "intra-op threads asked for (null: the runtime's default)",
-    "batch / seq_len": "input shape used for dynamic axes",
+    "batch / seq_len": "the input shape the model ran: the options' for dynamic axes, the model's own for fixed ones",
     "runs / warmup": "timed and untimed calls",
     "init_ms": "model load and session/interpreter creation (benchmark_model: 'Init')",
     "first_inference_ms": "the first call (benchmark_model: 'First inference')",
@@ -48,6 +48,7 @@ class BenchOptions:
     seq_len: int = DEFAULT_SEQ_LEN
     runs: int = DEFAULT_RUNS
     warmup: int = DEFAULT_WARMUP
+    tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
 
     def validate(self) -> None:
         for flag, value, low, high in (
@@ -114,6 +115,12 @@ def time_calls(
     return times
 
 
+def _feed_batch_and_length(feed: dict[str, np.ndarray], options: BenchOptions) -> tuple[int, int]:
+    """What the model is really fed: a fixed-shape model keeps its own batch and length, not the options'."""
+    shaped = [array.shape for array in feed.values() if array.ndim >= 2]
+    return (shaped[0][0], shaped[0][1]) if shaped else (options.batch, options.seq_len)
+
+
 def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int], None] | None = None) -> BenchResult:
     options.validate()
     model = Path(model)
@@ -124,9 +131,7 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
         raise RuntimeUnavailableError(
             f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
         )
-    extra: dict[str, Any] = {"threads": options.threads}
-    if runtime == "onnxruntime":
-        extra["providers"] = options.providers
+    extra = runner_options(runtime, threads=options.threads, providers=options.providers, tf32=options.tf32)
     started = time.perf_counter()
     runner = create_runner(runtime, model, **extra)
     runner.activate()
@@ -134,8 +139,15 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
         init_ms = (time.perf_counter() - started) * 1e3
         feed = generate_inputs(runner.input_specs(), {}, batch=options.batch, seq_len=options.seq_len, seed=0,
                                padded=False)  # fmt: skip
+        batch, seq_len = _feed_batch_and_length(feed, options)
         started = time.perf_counter()
-        runner.infer(feed)
+        try:
+            runner.infer(feed)
+        except BadInputError as err:
+            raise BadInputError(
+                f"{err} (at batch {batch}, sequence length {seq_len}: a model whose position table has fewer "
+                "rows needs a --seq-len within it)"
+            ) from err
         first_ms = (time.perf_counter() - started) * 1e3
         times = time_calls(runner, feed, options.runs, options.warmup, progress)
         describe = runner.describe()
@@ -150,8 +162,8 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
     }  # fmt: skip
     return BenchResult(
         schema=BENCH_SCHEMA_VERSION, model=str(model), file_bytes=model.stat().st_size, runtime=describe,
-        threads=options.threads, batch=options.batch, seq_len=options.seq_len, runs=options.runs,
+        threads=options.threads, batch=batch, seq_len=seq_len, runs=options.runs,
         warmup=options.warmup, init_ms=init_ms, first_inference_ms=first_ms, latency_ms=latency,
-        sequences_per_s=options.batch * 1e3 / p50, tokens_per_s=options.batch * options.seq_len * 1e3 / p50,
+        sequences_per_s=batch * 1e3 / p50, tokens_per_s=batch * seq_len * 1e3 / p50,
         peak_rss_mb=peak_rss_mb(),
     )  # fmt: skip

@@ -240,6 +240,7 @@ def golden(saved_model: Path, output: Path, **values: Any) -> int:
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of error by position.")
 @click.option("--timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, help="Seconds per runtime call.")
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
+@click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, **values: Any) -> int:
     """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
@@ -263,6 +264,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         timeout_s=values["timeout"],
         threads=values["threads"],
         isolate=not values["no_isolate"],
+        tf32=values["tf32"],
     )
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))
@@ -289,6 +291,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 )
 @click.option("--runs", type=int, default=None, help=f"Timed runs (default {DEFAULT_RUNS}).")
 @click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {DEFAULT_WARMUP}).")
+@click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 def bench(model: Path, json_path: Path | None, **values: Any) -> int:
     """Measure latency, throughput and memory of MODEL (.tflite/.onnx) on one runtime."""
@@ -303,7 +306,7 @@ def bench(model: Path, json_path: Path | None, **values: Any) -> int:
 
         settings = dict(get_profile(values["target"]).bench)
     given = {key: values[key] for key in ("threads", "batch", "seq_len", "runs", "warmup") if values[key] is not None}
-    options = BenchOptions(runtime=runtime, providers=providers, **{**settings, **given})
+    options = BenchOptions(runtime=runtime, providers=providers, tf32=values["tf32"], **{**settings, **given})
     with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
 
         def advance(done: int, total: int) -> None:

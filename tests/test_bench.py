@@ -8,6 +8,7 @@ from pathlib import Path
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
+from pe_export.reference.encoder import FIXED_LEN, MAX_LEN
 from tests.helpers import run_cli
 
 
@@ -39,3 +40,21 @@ def test_targets_and_target_option(capfd, saved_model, tmp_path: Path) -> None:
     assert unknown.exit_code == ExitCode.BAD_INPUT and "x86-cpu" in unknown.stderr
     zero = run_cli(capfd, "bench", tmp_path / "m.onnx", "--runs", "0")
     assert zero.exit_code == ExitCode.BAD_INPUT and "--runs 0" in zero.stderr
+
+
+def test_fixed_length_model_reports_the_length_it_ran(capfd, exported_file, tmp_path: Path) -> None:
+    # --seq-len only sizes dynamic axes: a 16-token model runs 16 tokens, and its tokens/s says so.
+    model = exported_file("encoder_fixed", "onnx")
+    result = run_cli(capfd, "bench", model, "--runs", "10", "--seq-len", "48", "--json", tmp_path / "b.json")
+    assert result.exit_code == 0, result.stderr
+    figures = json.loads((tmp_path / "b.json").read_text())
+    assert (figures["batch"], figures["seq_len"]) == (1, FIXED_LEN)
+    assert figures["tokens_per_s"] == figures["sequences_per_s"] * FIXED_LEN
+
+
+def test_length_beyond_the_position_table_says_what_to_change(capfd, exported_file) -> None:
+    model = exported_file("encoder_dynamic", "onnx")  # 64-row position table
+    result = run_cli(capfd, "bench", model, "--runs", "5", "--seq-len", str(MAX_LEN + 1))
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert f"sequence length {MAX_LEN + 1}" in result.stderr and "--seq-len within it" in result.stderr
+    assert run_cli(capfd, "bench", model, "--runs", "5", "--seq-len", str(MAX_LEN)).exit_code == 0

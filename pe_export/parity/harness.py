@@ -16,7 +16,7 @@ from pe_export.provenance import PRECISION, SOURCE_DIGEST
 from pe_export.runners import create_runner, first_installed_runner, runners_for_file
 from pe_export.runners.base import Runner
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S, IsolatedRunner
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, resolve_providers
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, resolve_providers, runner_options
 from pe_export.specs import TensorSpec
 
 
@@ -33,6 +33,7 @@ class ParityOptions:
     isolate: bool = True
     timeout_s: float = DEFAULT_TIMEOUT_S
     threads: int | None = None
+    tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
 
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
@@ -194,9 +195,7 @@ def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[
 
 
 def _runner(runtime: str, model: Path, options: ParityOptions) -> Runner:
-    extra: dict[str, Any] = {"threads": options.threads}
-    if runtime == "onnxruntime":
-        extra["providers"] = options.providers
+    extra = runner_options(runtime, threads=options.threads, providers=options.providers, tf32=options.tf32)
     create_runner(runtime, model, **extra)  # validates the name, the file kind and the providers up front
     if options.isolate:
         return IsolatedRunner(runtime, model, timeout_s=options.timeout_s, **extra)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,11 @@ PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
 }
 DEFAULT_PROVIDERS = ("cpu",)
+# From Ampere on (Orin included) CUDA runs float32 matmuls in TF32 by default, rounding their
+# inputs to 10 mantissa bits (~1e-3 relative): a float32 file no longer computes float32. Parity
+# and bench keep it off unless asked (like Polygraphy's --tf32): CUDA through its provider
+# option, TensorRT (which builds FP32 layers with TF32 by default) through NVIDIA's variable.
+TF32_ENV = "NVIDIA_TF32_OVERRIDE"
 
 _ORT_TYPES = {
     "tensor(float)": "float32",
@@ -40,13 +46,31 @@ def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
     return resolved
 
 
+def session_providers(providers: list[str], tf32: bool) -> list[str | tuple[str, dict[str, str]]]:
+    """The providers argument of InferenceSession: names, with CUDA's TF32 switch set."""
+    return [(p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in providers]
+
+
+def runner_options(
+    runtime: str, *, threads: int | None, providers: tuple[str, ...], tf32: bool = False
+) -> dict[str, Any]:
+    """Keyword options for create_runner: providers and TF32 only mean something to onnxruntime."""
+    options: dict[str, Any] = {"threads": threads}
+    if runtime == OnnxRuntimeRunner.name:
+        options.update(providers=providers, tf32=tf32)
+    return options
+
+
 @register_runner("onnxruntime", (".onnx",))
 class OnnxRuntimeRunner(Runner):
     backend_module = "onnxruntime"
 
-    def __init__(self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, tf32: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.providers = resolve_providers(providers)
+        self.tf32 = tf32
         self._session: Any = None
 
     def activate(self) -> None:
@@ -62,12 +86,18 @@ class OnnxRuntimeRunner(Runner):
                 f"(available: {', '.join(available)}); install onnxruntime-gpu for cuda/tensorrt "
                 "or pass --providers cpu"
             )
+        if "TensorrtExecutionProvider" in self.providers and not self.tf32:
+            # Read when TensorRT builds the engine; a value the user set wins. Parity runs this in
+            # its own child process, so only --no-isolate leaves it set in the caller's process.
+            os.environ.setdefault(TF32_ENV, "0")
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if self.threads:
             options.intra_op_num_threads = self.threads
         try:
-            self._session = ort.InferenceSession(str(self.model_path), sess_options=options, providers=self.providers)
+            self._session = ort.InferenceSession(
+                str(self.model_path), sess_options=options, providers=session_providers(self.providers, self.tf32)
+            )
         except Exception as err:  # onnxruntime raises its own exception types per failure
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise BadInputError(f"onnxruntime could not load {self.model_path.name}: {first_line}") from err
@@ -101,7 +131,8 @@ class OnnxRuntimeRunner(Runner):
 
     def describe(self) -> str:
         short = {v: k for k, v in PROVIDER_ALIASES.items()}
-        return f"onnxruntime[{','.join(short[p] for p in self.providers)}]"
+        gpu = any(p != "CPUExecutionProvider" for p in self.providers)
+        return f"onnxruntime[{','.join(short[p] for p in self.providers)}]" + (" tf32" if self.tf32 and gpu else "")
 
     def deactivate(self) -> None:
         self._session = None
