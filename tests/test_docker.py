@@ -60,3 +60,12 @@ def test_readme_commands_name_existing_files() -> None:
     readme = (REPO / "docker" / "README.md").read_text()
     for dockerfile in re.findall(r"-f (docker/\S+)", readme):
         assert (REPO / dockerfile).exists(), dockerfile
+
+
+def test_gpu_check_command_names_the_script_in_the_image() -> None:
+    readme = (REPO / "docker" / "README.md").read_text()
+    copied_to = re.search(r"COPY --chown=\S+ \. (\S+)", (REPO / "docker" / "cuda.Dockerfile").read_text()).group(1)
+    script = re.search(r"--entrypoint (\S+)", readme).group(1)
+    assert script.startswith(copied_to + "/")
+    in_checkout = REPO / script.removeprefix(copied_to + "/")
+    assert in_checkout.is_file() and in_checkout.stat().st_mode & 0o111, in_checkout

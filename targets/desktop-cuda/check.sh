@@ -1,27 +1,61 @@
 #!/usr/bin/env bash
-# GPU check for a desktop NVIDIA machine: parity and bench of an ONNX export with the TensorRT
-# and CUDA execution providers (each falling back to nothing: a missing provider is exit 3),
-# one JSON report. Needs pe-export with the device extra and onnxruntime-gpu (docker/cuda.Dockerfile).
+# GPU check for a machine with an NVIDIA GPU: parity and bench of an ONNX export with the
+# TensorRT and CUDA execution providers, one JSON report (report.json) with each step's exit code.
+# Providers are strict: one that onnxruntime cannot start is exit 3, never a silent CPU run.
+# Float32 files are checked in float32 math; PE_EXPORT_TF32=1 allows TF32 (parity and bench).
+# Needs pe-export with the device extra and onnxruntime-gpu (docker/cuda.Dockerfile has both).
 #
 #   targets/desktop-cuda/check.sh encoder.onnx golden/ [out-dir]
+#   PROVIDER_SETS="cuda" BENCH_RUNS=50 BENCH_SEQ_LEN=64 targets/desktop-cuda/check.sh encoder.onnx golden/
+#
+# Exit code: 0 when every step passed, else the first failing step's (1 parity, 2 bad input,
+# 3 provider unavailable).
 set -uo pipefail
-model=${1:?usage: check.sh MODEL.onnx GOLDEN_DIR [OUT_DIR]}
-golden=${2:?usage: check.sh MODEL.onnx GOLDEN_DIR [OUT_DIR]}
+usage="usage: check.sh MODEL.onnx GOLDEN_DIR [OUT_DIR]"
+model=${1:?$usage}
+golden=${2:?$usage}
 out=${3:-gpu-check}
-mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1 || echo "no nvidia-smi" > "$out/gpu.txt"
+provider_sets=${PROVIDER_SETS:-tensorrt,cuda cuda}
+runs=${BENCH_RUNS:-200}
+tf32=()
+[ "${PE_EXPORT_TF32:-0}" = 1 ] && tf32=(--tf32)
+seq_len=()
+[ -n "${BENCH_SEQ_LEN:-}" ] && seq_len=(--seq-len "$BENCH_SEQ_LEN")
+mkdir -p "$out" || exit 2
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1 \
+  || echo "no nvidia-smi" > "$out/gpu.txt"
+: > "$out/steps.tsv"
 status=0
-for providers in tensorrt,cuda cuda; do
+step() {  # step NAME COMMAND...: run it, record its exit code, keep the first failure's
+  local name=$1 code
+  shift
+  rm -f "$out/$name.json"  # a result left by an earlier run must not stand in for this one
+  "$@"
+  code=$?
+  printf '%s\t%s\t%s\n' "$name" "$code" "$*" >> "$out/steps.tsv"
+  if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; fi
+}
+for providers in $provider_sets; do
   tag=${providers//,/-}
-  pe-export parity "$model" "$golden" --providers "$providers" --json "$out/parity-$tag.json" || status=$?
-  pe-export bench "$model" --providers "$providers" --runs 200 --warmup 20 --json "$out/bench-$tag.json" || status=$?
+  # TensorRT builds its engine on the first call: minutes for a large model, hence the timeout.
+  step "parity-$tag" pe-export parity "$model" "$golden" --providers "$providers" "${tf32[@]}" \
+    --timeout 1800 --json "$out/parity-$tag.json"
+  step "bench-$tag" pe-export bench "$model" --providers "$providers" "${tf32[@]}" \
+    "${seq_len[@]}" --runs "$runs" --warmup 20 --json "$out/bench-$tag.json"
 done
-python3 - "$out" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-report = {"gpu": (out / "gpu.txt").read_text().strip(),
-          "runs": {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "report.json"}}
-(out / "report.json").write_text(json.dumps(report, indent=2))
-print(f"wrote {out / 'report.json'}")
+python3 - "$out" "$status" <<'PY'
+import json, os, pathlib, sys
+out, status = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+steps = []
+for line in (out / "steps.tsv").read_text().splitlines():
+    name, code, command = line.split("\t", 2)
+    result = out / f"{name}.json"
+    steps.append({"step": name, "exit_code": int(code), "command": command,
+                  "result": json.loads(result.read_text()) if result.exists() else None})
+report = {"gpu": (out / "gpu.txt").read_text().strip(), "passed": status == 0, "exit_code": status, "steps": steps}
+partial = out / "report.json.partial"
+partial.write_text(json.dumps(report, indent=2))
+os.replace(partial, out / "report.json")
+print(f"wrote {out / 'report.json'}: " + ", ".join(f"{s['step']} {s['exit_code']}" for s in steps))
 PY
 exit $status

@@ -1,0 +1,65 @@
+"""targets/desktop-cuda/check.sh: its report and exit code, with real runs on this machine's CPU.
+
+The GPU steps themselves need onnxruntime-gpu on an NVIDIA machine; here the script must refuse
+them by name (exit 3) and, given CPU provider sets, run parity and bench for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pe_export.golden import GoldenOptions, make_golden
+
+SCRIPT = Path(__file__).resolve().parents[2] / "targets" / "desktop-cuda" / "check.sh"
+
+
+@pytest.fixture(scope="module")
+def onnx_and_golden(exported_file, saved_model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    golden = tmp_path_factory.mktemp("gpu-check") / "golden"
+    make_golden(saved_model("encoder_dynamic"), golden, GoldenOptions(samples=4, batch=2))
+    return exported_file("encoder_dynamic", "onnx"), golden
+
+
+def check(model: Path, golden: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("pe-export") is None:
+        pytest.fail("pe-export is not on PATH; install the package (pip install -e '.[dev]')")
+    return subprocess.run(["bash", str(SCRIPT), str(model), str(golden), str(out)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600, check=False)  # fmt: skip
+
+
+def test_without_a_gpu_the_gpu_steps_fail_by_name(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA: run the script for real instead")
+    done = check(*onnx_and_golden, tmp_path / "out", BENCH_RUNS="5")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "TensorrtExecutionProvider" in done.stderr and "not available in this onnxruntime" in done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["passed"] is False and report["exit_code"] == 3
+    assert [(s["step"], s["exit_code"], s["result"]) for s in report["steps"]] == [
+        ("parity-tensorrt-cuda", 3, None), ("bench-tensorrt-cuda", 3, None),
+        ("parity-cuda", 3, None), ("bench-cuda", 3, None),
+    ]  # fmt: skip
+
+
+def test_cpu_provider_set_runs_parity_and_bench_for_real(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "parity-cpu.json").write_text('{"stale": true}')  # from an earlier run: must not survive
+    done = check(*onnx_and_golden, out, PROVIDER_SETS="cpu", BENCH_RUNS="20", BENCH_SEQ_LEN="32",
+                 PE_EXPORT_TF32="1")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True and [s["step"] for s in report["steps"]] == ["parity-cpu", "bench-cpu"]
+    parity, bench = (s["result"] for s in report["steps"])
+    assert parity["passed"] is True and parity["runtime"] == "onnxruntime[cpu]"  # tf32 means nothing on a CPU
+    assert max(o["max_abs"] for o in parity["outputs"]) < 1e-4
+    assert bench["latency_ms"]["p50"] > 0 and (bench["runs"], bench["seq_len"]) == (20, 32)
+    assert "--tf32" in report["steps"][0]["command"] and not list(out.glob("*.partial"))
