@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import numpy as np
 
+from pe_export.converters.graph_rewrites import SLICE_FLEX_OP, new_axis_slices_to_expand_dims
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
 from pe_export.native import capture_native_output, import_tensorflow
-from pe_export.savedmodel import LoadedSavedModel, wrap_signature
+from pe_export.savedmodel import LoadedSavedModel, frozen_function, frozen_io_names, wrap_signature
 from pe_export.specs import TensorSpec
 from pe_export.tables.graph import concrete_from_graph_def
 from pe_export.tables.pipeline import PreparedGraph
@@ -28,49 +31,92 @@ def convert_tflite(
     *,
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
-) -> tuple[bytes, str]:
-    """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log).
+) -> tuple[bytes, str, list[str]]:
+    """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
+    Where the converter needs FlexStridedSlice, axis-inserting slices are rewritten to ExpandDims
+    and the model converted again; the notes say so.
     """
+    source = _GraphSource(loaded, specs, options, prepared)
+    convert = partial(_convert, source, options, calibration, quiet=quiet)
     try:
-        return _convert(
-            loaded, specs, options, calibration, allow_flex=not options.builtins_only, quiet=quiet, prepared=prepared
-        )
+        data, log = convert(allow_flex=not options.builtins_only)
+        first_error: ConversionError | None = None
     except ConversionError as err:
         if not options.builtins_only:
             raise
-        # Say which ops would need Flex: convert again with select TF ops allowed and read them off.
-        try:
-            data, _ = _convert(loaded, specs, options, calibration, allow_flex=True, quiet=quiet, prepared=prepared)
-        except ConversionError:
-            raise err from None
-        flex = summarize_tflite_bytes(data, loaded.path).flex_ops
-        if not flex:
-            raise
-        raise NeedsFlexError(
-            f"--builtins-only: the model needs select TF (Flex) ops {', '.join(flex)}; drop --builtins-only "
-            "to export with Flex (the device then needs a Flex-linked TFLite), or replace those ops"
-        ) from None
+        data, log, first_error = None, "", err
+    if data is None or SLICE_FLEX_OP in summarize_tflite_bytes(data, loaded.path).flex_ops:
+        graph, count = new_axis_slices_to_expand_dims(source.graph()[0])
+        if count:
+            try:
+                retried, retried_log = convert(allow_flex=not options.builtins_only, graph=graph)
+            except ConversionError:
+                retried = None
+            if retried is not None and SLICE_FLEX_OP not in summarize_tflite_bytes(retried, loaded.path).flex_ops:
+                note = f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as ExpandDims"
+                return retried, retried_log, [f"{note}: without it they needed {SLICE_FLEX_OP}"]
+    if data is not None:
+        return data, log, []
+    assert first_error is not None
+    # --builtins-only: say which ops would need Flex, from a conversion with select TF ops allowed.
+    try:
+        data, _ = convert(allow_flex=True)
+    except ConversionError:
+        raise first_error from None
+    flex = summarize_tflite_bytes(data, loaded.path).flex_ops
+    if not flex:
+        raise first_error
+    raise NeedsFlexError(
+        f"--builtins-only: the model needs select TF (Flex) ops {', '.join(flex)}; drop --builtins-only "
+        "to export with Flex (the device then needs a Flex-linked TFLite), or replace those ops"
+    ) from None
+
+
+class _GraphSource:
+    """What to convert: the signature itself, or a frozen GraphDef of it (built once, when first asked)."""
+
+    def __init__(
+        self, loaded: LoadedSavedModel, specs: list[TensorSpec], options: ExportOptions, prepared: PreparedGraph | None
+    ) -> None:
+        self.loaded, self.specs, self.options, self.prepared = loaded, specs, options, prepared
+        self._graph: tuple[Any, dict[str, str], dict[str, str]] | None = None
+
+    def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
+        """(GraphDef, inputs, outputs): tensor names mapped to the signature's names."""
+        if self._graph is None:
+            if self.prepared is not None:
+                self._graph = (self.prepared.graph_def("tflite"), self.prepared.inputs, self.prepared.outputs)
+            else:
+                concrete = wrap_signature(self.loaded.signature(self.options.signature), self.specs)
+                frozen = frozen_function(concrete)
+                self._graph = (frozen.graph.as_graph_def(), *frozen_io_names(concrete, frozen))
+        return self._graph
+
+    def converter(self, graph_def: Any | None) -> Any:
+        """A TFLiteConverter over ``graph_def`` (with this source's inputs and outputs), else the source."""
+        tf = import_tensorflow()
+        if graph_def is None and self.prepared is None:
+            concrete = wrap_signature(self.loaded.signature(self.options.signature), self.specs)
+            return tf.lite.TFLiteConverter.from_concrete_functions([concrete], self.loaded.obj)
+        own, inputs, outputs = self.graph()
+        concrete, holder = concrete_from_graph_def(own if graph_def is None else graph_def, inputs, outputs)
+        return tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
 
 
 def _convert(
-    loaded: LoadedSavedModel,
-    specs: list[TensorSpec],
+    source: _GraphSource,
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     *,
     allow_flex: bool,
     quiet: bool,
-    prepared: PreparedGraph | None,
+    graph: Any | None = None,
 ) -> tuple[bytes, str]:
     tf = import_tensorflow()
-    if prepared is None:
-        concrete = wrap_signature(loaded.signature(options.signature), specs)
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], loaded.obj)
-    else:
-        concrete, holder = concrete_from_graph_def(prepared.graph_def("tflite"), prepared.inputs, prepared.outputs)
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
+    specs = source.specs
+    converter = source.converter(graph)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if options.quantize == "float16":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

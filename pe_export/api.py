@@ -44,6 +44,7 @@ class ExportReport:
     unverified_reason: str | None = None
     converter_log: str = ""
     tables: list[TableResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the exporter changed to make the file run
 
     @property
     def lossy_tables(self) -> list[TableResult]:
@@ -94,10 +95,12 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
         for seed in range(CALIBRATION_SAMPLES):
             yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
 
-    data, log = convert_tflite(job.loaded, job.specs, options, calibration, quiet=quiet, prepared=job.prepared)
+    data, log, notes = convert_tflite(
+        job.loaded, job.specs, options, calibration, quiet=quiet, prepared=job.prepared
+    )
     data = embed_tflite_metadata(data, job.provenance)
     summary = summarize_tflite_bytes(data, Path(output))
-    return _finish(job, data, summary, log)
+    return _finish(job, data, summary, log, notes)
 
 
 def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
@@ -188,11 +191,11 @@ def verification_feeds(
     return feeds, valid
 
 
-def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str) -> ExportReport:
+def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list[str] | None = None) -> ExportReport:
     atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
     report = ExportReport(
         job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
-        tables=job.prepared.results if job.prepared else [],
+        tables=job.prepared.results if job.prepared else [], notes=notes or [],
     )  # fmt: skip
     if not job.options.verify:
         return report

@@ -134,6 +134,7 @@ def _print_export(report: Any, verbose: bool) -> int:
         click.echo(report.converter_log.rstrip(), err=True)
     lines = [f"pe-export {report.target}: {report.source} → {report.output}"]
     lines += format_summary(report.summary)
+    lines += [f"  note: {note}" for note in report.notes]
     if report.tables:
         lines += format_tables(report.tables)
     if report.parity is not None:

@@ -55,8 +55,14 @@ def _layers() -> tuple[Any, Any, Any]:
     return keras, layers, (AddPositions, CumulativeGate)
 
 
-def build_encoder(seq_len: int | None = None, *, flex: bool = False, multi_io: bool = False) -> Any:
-    """Embedding + positions → MultiHeadAttention → LayerNorm → exact-GELU FFN → LayerNorm."""
+def build_encoder(
+    seq_len: int | None = None, *, flex: bool = False, multi_io: bool = False, sliced_mask: bool = False
+) -> Any:
+    """Embedding + positions → MultiHeadAttention → LayerNorm → exact-GELU FFN → LayerNorm.
+
+    ``sliced_mask`` writes the attention mask's new axis as ``mask[:, None, :]``, the spelling
+    that needs FlexStridedSlice unless the exporter rewrites it (multi_io models only).
+    """
     keras, layers, (add_positions, cumulative_gate) = _layers()
     keras.utils.set_random_seed(0)
     token_ids = keras.Input((seq_len,), dtype="int32", name="token_ids")
@@ -68,8 +74,8 @@ def build_encoder(seq_len: int | None = None, *, flex: bool = False, multi_io: b
         segment_ids = keras.Input((seq_len,), dtype="int32", name="segment_ids")
         inputs += [attention_mask, segment_ids]
         x = x + layers.Embedding(2, WIDTH, name="segment_embedding")(segment_ids)
-        # expand_dims, not mask[:, None, :]: a new-axis slice on a dynamic shape becomes FlexStridedSlice.
-        mask = keras.ops.cast(keras.ops.expand_dims(attention_mask, 1), "bool")
+        expanded = attention_mask[:, None, :] if sliced_mask else keras.ops.expand_dims(attention_mask, 1)
+        mask = keras.ops.cast(expanded, "bool")
     x = add_positions(name="position_encoding")(x)
     x = layers.LayerNormalization(epsilon=1e-6)(x)
     attended = layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(x, x, attention_mask=mask)

@@ -31,6 +31,8 @@ def test_tflite_fp32_matches_tensorflow(name: str, saved_model, tmp_path: Path) 
     assert report.parity is not None and report.parity.runtime == "litert"
     assert report.parity.max_abs <= FP32_MAX_ABS
     assert report.summary.flex_ops == []
+    rewritten = case.notes.get("new_axis_slices", 0)  # slices that needed FlexStridedSlice until rewritten
+    assert [note.split(" ")[0] for note in report.notes] == ([str(rewritten)] if rewritten else [])
     signature = report.summary.signatures[0]
     assert tuple(sorted(s.name for s in signature.inputs)) == case.input_names
     assert tuple(sorted(s.name for s in signature.outputs)) == case.output_names
