@@ -98,7 +98,7 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
     data, log, notes = convert_tflite(
         job.loaded, job.specs, options, calibration, quiet=quiet, prepared=job.prepared
     )
-    data = embed_tflite_metadata(data, job.provenance)
+    data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
 

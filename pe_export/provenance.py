@@ -21,12 +21,18 @@ def provenance_entries(digest: str, precision: str, signature: str) -> dict[str,
     return {SOURCE_DIGEST: digest, PRECISION: precision, SIGNATURE: signature, VERSION: __version__}
 
 
-def embed_tflite_metadata(data: bytes, entries: dict[str, str]) -> bytes:
-    """Add metadata entries to a .tflite flatbuffer (conversion side: uses TF's flatbuffer tools)."""
+def embed_tflite_metadata(data: bytes, entries: dict[str, str], signature_key: str | None = None) -> bytes:
+    """Add metadata entries to a .tflite flatbuffer (conversion side: uses TF's flatbuffer tools).
+
+    ``signature_key`` renames the file's one signature: converting a concrete function always
+    names it serving_default, where TFLiteConverter.from_saved_model keeps the SavedModel's name.
+    """
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    if signature_key and len(model.signatureDefs or []) == 1:
+        model.signatureDefs[0].signatureKey = signature_key
     model.metadata = [m for m in (model.metadata or []) if _decode(m.name) not in entries]
     for name, value in entries.items():
         buffer = schema.BufferT()

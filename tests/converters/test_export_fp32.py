@@ -128,3 +128,13 @@ def test_onnx_that_onnxruntime_cannot_load_is_a_conversion_error() -> None:
     onnx.checker.check_model(model)
     with pytest.raises(ConversionError, match="onnxruntime cannot load"):
         check_onnxruntime_loads(model.SerializeToString())
+
+
+@pytest.mark.parametrize("signature", [None, "serve"])
+def test_tflite_signature_key_is_the_savedmodel_signature(signature: str | None, saved_model, tmp_path: Path) -> None:
+    # Keras exports the same function as "serve" and "serving_default"; the file keeps the one asked for.
+    report = export_tflite(saved_model("encoder_dynamic"), tmp_path / "m.tflite", ExportOptions(signature=signature))
+    assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
+    from ai_edge_litert.interpreter import Interpreter
+
+    assert list(Interpreter(str(tmp_path / "m.tflite")).get_signature_list()) == [signature or "serving_default"]
