@@ -11,8 +11,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
-from pe_export.savedmodel import LoadedSavedModel, frozen_function, frozen_io_names, wrap_signature
-from pe_export.specs import TensorSpec
+from pe_export.savedmodel import FrozenSignature
 from pe_export.tables.pipeline import PreparedGraph
 
 
@@ -27,25 +26,23 @@ def _import_tf2onnx() -> Any:
 
 
 def convert_onnx(
-    loaded: LoadedSavedModel,
-    specs: list[TensorSpec],
+    frozen: FrozenSignature,
     options: ExportOptions,
     *,
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
 ) -> tuple[bytes, str]:
-    """Convert one signature at the given input specs. Returns (serialized model, captured log).
+    """Convert one signature at its input specs. Returns (serialized model, captured log).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     """
     tf2onnx = _import_tf2onnx()
     if prepared is None:
-        # Freeze here rather than in tf2onnx.from_function: it would turn captured constant tensors
-        # (a position table held by a layer) into extra graph inputs.
-        concrete = wrap_signature(loaded.signature(options.signature), specs)
-        frozen = frozen_function(concrete)
-        inputs, outputs = frozen_io_names(concrete, frozen)
-        graph_def = frozen.graph.as_graph_def()
+        # The frozen graph rather than tf2onnx.from_function: that would turn captured constant
+        # tensors (a position table held by a layer) into extra graph inputs.
+        shared, inputs, outputs = frozen.graph()
+        graph_def = type(shared)()
+        graph_def.CopyFrom(shared)  # tf2onnx gets its own copy: the job's frozen graph stays as it was
     else:
         graph_def, inputs, outputs = prepared.graph_def("onnx"), prepared.inputs, prepared.outputs
     with capture_native_output(quiet) as log:

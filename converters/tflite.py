@@ -14,7 +14,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
 from pe_export.native import capture_native_output, import_tensorflow
-from pe_export.savedmodel import LoadedSavedModel, frozen_function, frozen_io_names, wrap_signature
+from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
 from pe_export.specs import TensorSpec
 from pe_export.tables.graph import concrete_from_graph_def
 from pe_export.tables.pipeline import PreparedGraph
@@ -25,7 +25,7 @@ _OPS_LINE = re.compile(r"(?:Custom|Flex) ops: (.+)")
 
 def convert_tflite(
     loaded: LoadedSavedModel,
-    specs: list[TensorSpec],
+    frozen: FrozenSignature,
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None = None,
     *,
@@ -38,7 +38,7 @@ def convert_tflite(
     Where the converter needs FlexStridedSlice, axis-inserting slices are rewritten to ExpandDims
     and the model converted again; the notes say so.
     """
-    source = _GraphSource(loaded, specs, options, prepared)
+    source = _GraphSource(loaded, frozen, prepared)
     convert = partial(_convert, source, options, calibration, quiet=quiet)
     try:
         data, log = convert(allow_flex=not options.builtins_only)
@@ -75,31 +75,23 @@ def convert_tflite(
 
 
 class _GraphSource:
-    """What to convert: the signature itself, or a frozen GraphDef of it (built once, when first asked)."""
+    """What to convert: the signature's concrete function, the table pipeline's graph, or a rewrite."""
 
-    def __init__(
-        self, loaded: LoadedSavedModel, specs: list[TensorSpec], options: ExportOptions, prepared: PreparedGraph | None
-    ) -> None:
-        self.loaded, self.specs, self.options, self.prepared = loaded, specs, options, prepared
-        self._graph: tuple[Any, dict[str, str], dict[str, str]] | None = None
+    def __init__(self, loaded: LoadedSavedModel, frozen: FrozenSignature, prepared: PreparedGraph | None) -> None:
+        self.loaded, self.frozen, self.prepared = loaded, frozen, prepared
+        self.specs = frozen.specs
 
     def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
-        """(GraphDef, inputs, outputs): tensor names mapped to the signature's names."""
-        if self._graph is None:
-            if self.prepared is not None:
-                self._graph = (self.prepared.graph_def("tflite"), self.prepared.inputs, self.prepared.outputs)
-            else:
-                concrete = wrap_signature(self.loaded.signature(self.options.signature), self.specs)
-                frozen = frozen_function(concrete)
-                self._graph = (frozen.graph.as_graph_def(), *frozen_io_names(concrete, frozen))
-        return self._graph
+        """(GraphDef, inputs, outputs) that a rewrite starts from."""
+        if self.prepared is not None:
+            return self.prepared.graph_def("tflite"), self.prepared.inputs, self.prepared.outputs
+        return self.frozen.graph()
 
     def converter(self, graph_def: Any | None) -> Any:
         """A TFLiteConverter over ``graph_def`` (with this source's inputs and outputs), else the source."""
         tf = import_tensorflow()
         if graph_def is None and self.prepared is None:
-            concrete = wrap_signature(self.loaded.signature(self.options.signature), self.specs)
-            return tf.lite.TFLiteConverter.from_concrete_functions([concrete], self.loaded.obj)
+            return tf.lite.TFLiteConverter.from_concrete_functions([self.frozen.concrete], self.loaded.obj)
         own, inputs, outputs = self.graph()
         concrete, holder = concrete_from_graph_def(own if graph_def is None else graph_def, inputs, outputs)
         return tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)

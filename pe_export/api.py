@@ -27,7 +27,7 @@ from pe_export.runners import create_runner, first_installed_runner
 from pe_export.specs import TensorSpec, concrete_shape
 
 if TYPE_CHECKING:
-    from pe_export.savedmodel import LoadedSavedModel
+    from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
     from pe_export.tables.pipeline import PreparedGraph, TableResult
 
 
@@ -95,9 +95,7 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
         for seed in range(CALIBRATION_SAMPLES):
             yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
 
-    data, log, notes = convert_tflite(
-        job.loaded, job.specs, options, calibration, quiet=quiet, prepared=job.prepared
-    )
+    data, log, notes = convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet, prepared=job.prepared)
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
@@ -108,7 +106,7 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
-    data, log = convert_onnx(job.loaded, job.specs, options, quiet=quiet, prepared=job.prepared)
+    data, log = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.prepared)
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
@@ -127,11 +125,13 @@ class _Job:
     specs: list[TensorSpec]
     bounds: dict[str, int]
     provenance: dict[str, str]
+    frozen: FrozenSignature
     prepared: PreparedGraph | None = None
 
 
 def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
     from pe_export.savedmodel import (
+        FrozenSignature,
         check_savedmodel_dir,
         input_bounds,
         load_savedmodel,
@@ -145,22 +145,25 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     specs = options.export_specs(signature_input_specs(signature))
-    bounds = input_bounds(signature, specs)
+    frozen = FrozenSignature(signature, specs)
+    bounds = input_bounds(frozen)
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None
     if options.tables.rewrites:
         from pe_export.tables.pipeline import prepare_graph
 
-        prepared = prepare_graph(loaded, signature, specs, options.tables)
-    return _Job(target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance, prepared)
+        prepared = prepare_graph(loaded, frozen, options.tables)
+    return _Job(
+        target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance, frozen, prepared
+    )
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
     from dataclasses import replace
 
-    from pe_export.savedmodel import check_savedmodel_dir, load_savedmodel, signature_input_specs
+    from pe_export.savedmodel import FrozenSignature, check_savedmodel_dir, load_savedmodel, signature_input_specs
     from pe_export.tables.pipeline import prepare_graph
 
     options.tables.validate()
@@ -168,7 +171,8 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
     loaded = load_savedmodel(Path(saved_model))
     signature = loaded.signature(options.signature)
     specs = options.export_specs(signature_input_specs(signature))
-    return prepare_graph(loaded, signature, specs, replace(options.tables, list_only=True)).results
+    frozen = FrozenSignature(signature, specs)
+    return prepare_graph(loaded, frozen, replace(options.tables, list_only=True)).results
 
 
 def _feed(

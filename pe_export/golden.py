@@ -71,6 +71,7 @@ def make_golden(
 ) -> GoldenResult:
     from pe_export.runners.savedmodel import SavedModelRunner
     from pe_export.savedmodel import (
+        FrozenSignature,
         check_savedmodel_dir,
         input_bounds,
         load_savedmodel,
@@ -92,7 +93,7 @@ def make_golden(
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
     seq_len = options.seq_len or _fixed_seq_len(model_specs) or _user_seq_len(user_arrays) or GOLDEN_SEQ_LEN
     specs = [_sized(spec, seq_len) for spec in model_specs]
-    bounds = input_bounds(signature, specs)
+    bounds = input_bounds(FrozenSignature(signature, specs))
     batches = (
         _user_batches(options.inputs, user_arrays, specs, options.batch)
         if options.inputs and user_arrays is not None

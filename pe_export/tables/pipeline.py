@@ -176,8 +176,8 @@ class PreparedGraph:
         return splice_rebuild(self.folded, self.replacements, self.seed, target, self.prefix_only)
 
 
-def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableOptions) -> PreparedGraph:
-    from pe_export.savedmodel import frozen_function, frozen_io_names, wrap_signature
+def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGraph:
+    """``frozen`` is the signature's FrozenSignature (pe_export.savedmodel)."""
     from pe_export.tables.graph import (
         fold_constants,
         hybrid_sums,
@@ -187,10 +187,7 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
     )
 
     options.validate()
-    concrete = wrap_signature(signature, specs)
-    frozen = frozen_function(concrete)
-    inputs, outputs = frozen_io_names(concrete, frozen)
-    graph_def = frozen.graph.as_graph_def()
+    graph_def, inputs, outputs = frozen.graph()
     original = {
         node.name: const_value(node)
         for node in graph_def.node
@@ -232,7 +229,7 @@ def prepare_graph(loaded: Any, signature: Any, specs: list[Any], options: TableO
         shape[-2] = result.rows
         replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
     seed_tensor = next(iter(inputs))
-    seed_spec = next(s for s in specs if s.name == inputs[seed_tensor])
+    seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
     seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
     prefix_only = set()
     if len(seed_spec.shape) >= 2:
