@@ -12,9 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pe_export.errors import BadInputError
+from pe_export.registry import Registry
 from pe_export.specs import TensorSpec
-
-_REGISTRY: dict[str, type[Runner]] = {}
 
 
 class Runner(ABC):
@@ -65,33 +64,28 @@ class Runner(ABC):
         self.deactivate()
 
 
+RUNNERS: Registry[type[Runner]] = Registry("runtime")
+
+
 def register_runner(name: str, suffixes: tuple[str, ...]) -> Callable[[type[Runner]], type[Runner]]:
     """Class decorator: make a runner available under ``name`` for files with ``suffixes``."""
-
-    def decorate(cls: type[Runner]) -> type[Runner]:
-        if name in _REGISTRY:
-            raise ValueError(f"runner {name!r} is registered twice")
-        cls.name = name
-        cls.file_suffixes = suffixes
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return RUNNERS.register(name, file_suffixes=suffixes)
 
 
 def runner_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every runner, in preference order (the first installed one for a file is the default)."""
+    return RUNNERS.names()
 
 
 def runners_for_file(path: Path) -> list[str]:
     """Runner names that accept this file, in registration (preference) order."""
     suffix = Path(path).suffix.lower()
-    return [name for name, cls in _REGISTRY.items() if suffix in cls.file_suffixes]
+    return [name for name, cls in RUNNERS.items() if suffix in cls.file_suffixes]
 
 
 def installed_runners(path: Path) -> list[str]:
     """Runners for this file whose backend module is installed (found, not imported), in preference order."""
-    return [name for name in runners_for_file(path) if importlib.util.find_spec(_REGISTRY[name].backend_module)]
+    return [name for name in runners_for_file(path) if importlib.util.find_spec(RUNNERS.get(name).backend_module)]
 
 
 def first_installed_runner(path: Path) -> str | None:
@@ -99,9 +93,7 @@ def first_installed_runner(path: Path) -> str | None:
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
-    if name not in _REGISTRY:
-        raise BadInputError(f"unknown runtime {name!r}; expected one of: {', '.join(runner_names())}")
-    cls = _REGISTRY[name]
+    cls = RUNNERS.get(name)
     suffix = Path(model_path).suffix.lower()
     if suffix not in cls.file_suffixes:
         raise BadInputError(

@@ -16,10 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pe_export.errors import BadInputError
+from pe_export.registry import Registry
 from pe_export.tables.sinusoid import COS, SinusoidFit
-
-_METHODS: dict[str, type[Method]] = {}
 
 
 @dataclass
@@ -51,25 +49,17 @@ class Method(ABC):
         """The compressed form within the budget, or None when the method cannot serve this table."""
 
 
-def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    def decorate(cls: type[Method]) -> type[Method]:
-        if name in _METHODS:
-            raise ValueError(f"method {name!r} registered twice")
-        cls.name = name
-        _METHODS[name] = cls
-        return cls
-
-    return decorate
+# "auto" is resolved by the pipeline, which picks among these.
+METHODS: Registry[type[Method]] = Registry("compression method", listed_first=("auto",))
+register_method = METHODS.register
 
 
 def method_names() -> list[str]:
-    return list(_METHODS)
+    return METHODS.names()
 
 
 def get_method(name: str) -> type[Method]:
-    if name not in _METHODS:
-        raise BadInputError(f"unknown compression method {name!r}; expected one of: auto, {', '.join(_METHODS)}")
-    return _METHODS[name]
+    return METHODS.get(name)
 
 
 @register_method("none")

@@ -11,11 +11,11 @@ import numpy as np
 from pe_export.constants import MAX_SEQ_LEN
 from pe_export.errors import BadInputError
 from pe_export.tables.detect import TableInfo, const_value, find_tables
-from pe_export.tables.methods import Compressed, get_method, method_names
+from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
 
 TABLE_DTYPES = ("float32", "float16")
-COMPRESS_METHODS = ("auto", *method_names())  # the CLI choices come from the registry
+COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class TableOptions:
         return self.rewrites or self.list_only or bool(self.names)
 
     def validate(self) -> None:
-        if self.method not in ("auto", *method_names()):
+        if self.method not in COMPRESS_METHODS:
             raise BadInputError(
-                f"--compress-method {self.method!r} is unknown; expected one of: auto, {', '.join(method_names())}"
+                f"--compress-method {self.method!r} is unknown; expected one of: {', '.join(COMPRESS_METHODS)}"
             )
         if self.table_dtype not in TABLE_DTYPES:
             raise BadInputError(f"--table-dtype {self.table_dtype!r}; expected one of: {', '.join(TABLE_DTYPES)}")

@@ -14,9 +14,9 @@ from pe_export.runners.onnxrt import TF32_ENV, runner_options
 
 
 def test_registry_lists_and_rejects() -> None:
-    assert runner_names() == ["litert", "onnxruntime", "tflite-runtime", "tflite-tf"]
+    assert runner_names() == ["litert", "tflite-runtime", "tflite-tf", "onnxruntime"]
     assert runners_for_file(Path("m.tflite")) == ["litert", "tflite-runtime", "tflite-tf"]
-    with pytest.raises(BadInputError, match="expected one of: litert, onnxruntime"):
+    with pytest.raises(BadInputError, match=r"expected one of: litert, tflite-runtime, tflite-tf, onnxruntime$"):
         create_runner("tensorrt-native", Path("m.onnx"))
     with pytest.raises(BadInputError, match=r"runs \.onnx files"):
         create_runner("onnxruntime", Path("m.tflite"))
