@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +13,9 @@ import numpy as np
 import pytest
 
 from pe_export.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
 
 
 @dataclass
@@ -119,3 +126,34 @@ def measured_parity(python: Path | str, model: Path, bundle: Path, cwd: Path) ->
     figures["wall_s"] = wall
     figures["cold_start_s"] = wall - (figures["total_s"] - figures["first_result_s"])
     return figures
+
+
+def run_outside_repo(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    """Run a command from the venv cache, so that `python -c` cannot import the checkout instead of the install."""
+    VENV_CACHE.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False, cwd=VENV_CACHE
+    )
+
+
+def cached_venv(name: str, requirements: list[str]) -> Path:
+    """A real venv with ``requirements`` (pe-export itself among them) installed once and kept between runs.
+
+    Keyed by pyproject.toml and the requirements; on reuse only pe-export's own code is reinstalled.
+    """
+    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + "\n".join(requirements).encode()).hexdigest()[:12]
+    venv = VENV_CACHE / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-{key}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        created = run_outside_repo(sys.executable, "-m", "venv", venv)
+        assert created.returncode == 0, created.stderr
+        installed = run_outside_repo(python, "-m", "pip", "install", "-q", *requirements)
+        if installed.returncode != 0:
+            import shutil
+
+            shutil.rmtree(venv, ignore_errors=True)  # a half-built venv must not be reused
+        assert installed.returncode == 0, installed.stderr[-2000:]
+    else:
+        installed = run_outside_repo(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", REPO)
+        assert installed.returncode == 0, installed.stderr[-2000:]
+    return venv

@@ -18,10 +18,10 @@ import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.runners.isolated import CHILD_PYTHON_ENV
+from tests.helpers import REPO, VENV_CACHE
 
-REPO = Path(__file__).resolve().parents[1]
 SETUP = REPO.parent / "shared" / "arm64" / "setup-env.sh"
-CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
+CACHE = VENV_CACHE
 QEMU_CPU = "neoverse-n1"
 
 

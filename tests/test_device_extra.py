@@ -7,18 +7,13 @@ is neither installed nor imported.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
-
-REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("PE_EXPORT_TEST_CACHE", Path.home() / ".cache" / "pe-export-tests"))
+from tests.helpers import REPO, cached_venv, run_outside_repo
 
 DEVICE_SCRIPT = """
 import importlib.util, sys
@@ -49,28 +44,12 @@ print("parity passed without tensorflow")
 """
 
 
-def _run(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    # Run outside the repository, so that `python -c` cannot import the checkout instead of the install.
-    return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False, cwd=CACHE
-    )
+_run = run_outside_repo
 
 
 @pytest.fixture(scope="session")
 def device_venv() -> Path:
-    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
-    venv = CACHE / f"device-venv-py{sys.version_info.major}{sys.version_info.minor}-{key}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        created = _run(sys.executable, "-m", "venv", venv)
-        assert created.returncode == 0, created.stderr
-        installed = _run(python, "-m", "pip", "install", "-q", f"{REPO}[device]")
-        assert installed.returncode == 0, installed.stderr[-2000:]
-    else:  # refresh only our own code
-        installed = _run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", REPO)
-        assert installed.returncode == 0, installed.stderr[-2000:]
-    return venv
+    return cached_venv("device-venv", [f"{REPO}[device]"])
 
 
 def test_device_extra_pulls_no_tensorflow(device_venv: Path) -> None:

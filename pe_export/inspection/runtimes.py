@@ -10,7 +10,34 @@ FLEX_RUNTIME_HINT = (
 )
 
 
-def tflite_verdicts(flex_ops: list[str], custom_ops: list[str]) -> list[RuntimeVerdict]:
+# tflite-runtime's last release: newer TFLite kernels ship only as ai-edge-litert.
+TFLITE_RUNTIME_LAST_VERSION = (2, 14, 0)
+MIN_RUNTIME_KEY = "min_runtime_version"  # written by the TFLite converter from the file's op versions
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """ "2.17.0" → (2, 17, 0); None for anything else."""
+    parts = (text or "").strip().split(".")
+    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+
+
+def _tflite_runtime_verdict(min_runtime_version: str | None) -> RuntimeVerdict:
+    last = ".".join(map(str, TFLITE_RUNTIME_LAST_VERSION))
+    needed = parse_version(min_runtime_version)
+    if needed is None:
+        return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; no {MIN_RUNTIME_KEY} to compare with {last}")
+    if needed > TFLITE_RUNTIME_LAST_VERSION:
+        return RuntimeVerdict(
+            "tflite-runtime", False,
+            f"its ops need TFLite ≥ {min_runtime_version} ({MIN_RUNTIME_KEY}); tflite-runtime ended at {last}: "
+            "use ai-edge-litert",
+        )  # fmt: skip
+    return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; {MIN_RUNTIME_KEY} {min_runtime_version} ≤ {last}")
+
+
+def tflite_verdicts(
+    flex_ops: list[str], custom_ops: list[str], min_runtime_version: str | None = None
+) -> list[RuntimeVerdict]:
     if custom_ops:
         reason = f"custom ops {', '.join(custom_ops)} need kernels registered by the application"
         return [RuntimeVerdict(name, False, reason) for name in ("ai-edge-litert", "tflite-runtime", "tflite+flex")]
@@ -23,9 +50,7 @@ def tflite_verdicts(flex_ops: list[str], custom_ops: list[str]) -> list[RuntimeV
         ]
     return [
         RuntimeVerdict("ai-edge-litert", True, "builtin ops only"),
-        RuntimeVerdict(
-            "tflite-runtime", True, "builtin ops only; 2.14 (2023) may refuse op versions newer than its kernels"
-        ),
+        _tflite_runtime_verdict(min_runtime_version),
         RuntimeVerdict("tflite+flex", True, "builtin ops only"),
     ]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.flatbuffer import CorruptFileError, Table, root_table
-from pe_export.inspection.runtimes import tflite_verdicts
+from pe_export.inspection.runtimes import MIN_RUNTIME_KEY, tflite_verdicts
 from pe_export.inspection.summary import ConstantInfo, ModelSummary, SignatureInfo
 from pe_export.inspection.tflite_schema import BUILTIN_OPERATORS, TENSOR_TYPES
 from pe_export.specs import TensorSpec
@@ -135,7 +135,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         constants=constants,
         flex_ops=flex,
         custom_ops=custom,
-        runs_on=tflite_verdicts(flex, custom),
+        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY)),
         details={"subgraphs": str(len(subgraphs))},
         metadata=metadata,
     )

@@ -13,6 +13,7 @@ from pe_export.runners.base import Runner, register_runner
 from pe_export.specs import TensorSpec
 
 FLEX_MESSAGE_MARKER = "Select TensorFlow op"
+OLD_KERNELS_MARKER = "Didn't find op for builtin opcode"  # the file's op version is newer than the runtime
 
 
 class _TFLiteRunner(Runner):
@@ -44,6 +45,13 @@ class _TFLiteRunner(Runner):
             signatures = self._interpreter.get_signature_list()
         except ValueError as err:
             raise self._load_error(err) from err
+        except SystemError as err:  # an extension built for NumPy 1.x, loaded beside NumPy 2
+            if int(np.__version__.split(".")[0]) < 2:
+                raise
+            raise RuntimeUnavailableError(
+                f"{self.name} cannot load models here: it was built for NumPy 1.x and NumPy {np.__version__} is "
+                f"installed; pip install 'numpy<2' (pip install 'pe-export[{self.extra}]' pins it), or use litert"
+            ) from err
         if not signatures:
             raise BadInputError(
                 f"{self.model_path.name} has no signature; expected a TFLite file with a signature def "
@@ -60,6 +68,11 @@ class _TFLiteRunner(Runner):
             return RuntimeUnavailableError(
                 f"{self.name} cannot run {self.model_path.name}: it contains select TF (Flex) ops; "
                 "run it with a Flex-linked TFLite build (see `pe-export inspect`)"
+            )
+        if OLD_KERNELS_MARKER in str(err):
+            return RuntimeUnavailableError(
+                f"{self.name} is older than {self.model_path.name}'s ops ({text}); run it with ai-edge-litert "
+                "(pip install 'pe-export[device]'), or see min_runtime_version in `pe-export inspect`"
             )
         return BadInputError(f"{self.name} could not load {self.model_path.name}: {text}")
 

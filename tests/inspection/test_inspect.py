@@ -107,3 +107,17 @@ def test_garbage_onnx_is_bad_input(tmp_path: Path) -> None:
     bad.write_bytes(b"\x08\x07garbage protobuf \xff\xff\xff")
     with pytest.raises(BadInputError, match="not a readable ONNX model"):
         inspect_path(bad)
+
+
+@pytest.mark.parametrize(
+    ("min_runtime_version", "runs", "said"),
+    [("2.17.0", False, "TFLite ≥ 2.17.0"), ("2.14.0", True, "2.14.0 ≤ 2.14.0"), ("2.10.0", True, "2.10.0 ≤"),
+     (None, True, "no min_runtime_version"), ("2.x", True, "no min_runtime_version")],
+)  # fmt: skip
+def test_tflite_runtime_verdict_reads_min_runtime_version(
+    min_runtime_version: str | None, runs: bool, said: str
+) -> None:
+    from pe_export.inspection.runtimes import tflite_verdicts
+
+    verdict = {v.runtime: v for v in tflite_verdicts([], [], min_runtime_version)}["tflite-runtime"]
+    assert verdict.runs is runs and said in verdict.why
