@@ -145,9 +145,13 @@ def test_benchmark_off_a_jetson_runs_the_cpu_parts(
 
 FAKE_TEGRASTATS = """#!/bin/sh
 # tegrastats --interval MS --logfile FILE, as on a Jetson: a line per interval, appended.
+# The idle measurement (its log is named so) reads IDLE_LINE, the runs LINE.
 while [ $# -gt 0 ]; do [ "$1" = --logfile ] && log=$2; shift; done
-while true; do echo "$LINE" >> "$log"; sleep 0.05; done
+case "$log" in *idle*) line=$IDLE_LINE ;; *) line=$LINE ;; esac
+while true; do echo "$line" >> "$log"; sleep 0.05; done
 """
+IDLE_MW, LOAD_MW = 4000, 11820
+ORIN_NX_IDLE = ORIN_NX_JETPACK6.replace("VDD_IN 11820mW/10904mW", f"VDD_IN {IDLE_MW}mW/{IDLE_MW}mW")
 
 
 def test_benchmark_on_a_jetson_records_power_and_keeps_the_logs(
@@ -162,19 +166,26 @@ def test_benchmark_on_a_jetson_records_power_and_keeps_the_logs(
         (tools / name).chmod(stat.S_IRWXU)
     monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
     monkeypatch.setenv("LINE", ORIN_NX_JETPACK6)
+    monkeypatch.setenv("IDLE_LINE", ORIN_NX_IDLE)
     onnx = exported_file("encoder_dynamic", "onnx")
     out = tmp_path / "bench"
-    code = jetson_benchmark([str(onnx), "--out", str(out), "--seq-len", "16", "--runs", "50"])
+    # Enough runs that the timed window spans several 50 ms samples.
+    code = jetson_benchmark([str(onnx), "--out", str(out), "--seq-len", "16", "--runs", "3000", "--idle-s", "0.3"])
     printed = capsys.readouterr().out
     # This machine's onnxruntime has no TensorRT or CUDA provider: those runs fail by name, exit 3.
     assert code == 3 and "not a Jetson" not in printed and "power mode: NV Power Mode: MAXN" in printed
     results = json.loads((out / "results.json").read_text())
-    assert results["environment"]["jetson"] is True
+    assert results["environment"]["jetson"] is True and results["environment"]["idle_power_mw"] == IDLE_MW
     runs = {r["run"]: r for r in results["runs"]}
     assert "tensorrt" in runs["onnx tensorrt"]["error"].lower() and "cuda" in runs["onnx cuda"]["error"].lower()
     cpu = runs["onnx cpu"]
-    assert cpu["power_samples"] >= 1 and cpu["mean_power_mw"] == 11820 and cpu["power_basis"] == "VDD_IN"
-    assert cpu["energy_mj_per_inference"] == pytest.approx(11820 * cpu["latency_ms"]["p50"] / 1000)
+    assert cpu["mean_power_mw"] == LOAD_MW and cpu["power_basis"] == "VDD_IN"
+    # Only the samples taken during the timed runs: the log also holds those of start-up, load and warm-up.
+    logged = (out / cpu["tegrastats_log"]).read_text().splitlines()
+    assert cpu["power_window"] == "timed runs" and 2 <= cpu["power_samples"] < len(logged)
+    assert logged[0] == ORIN_NX_JETPACK6
+    p50 = cpu["latency_ms"]["p50"]
+    assert cpu["energy_mj_per_inference"] == pytest.approx(LOAD_MW * p50 / 1000)
+    assert cpu["energy_above_idle_mj_per_inference"] == pytest.approx((LOAD_MW - IDLE_MW) * p50 / 1000)
     assert cpu["max_temp_c"] == 51.281 and cpu["mean_gpu_load"] == 58
-    assert (out / cpu["tegrastats_log"]).read_text().splitlines()[0] == ORIN_NX_JETPACK6
-    assert "module power from VDD_IN" in printed
+    assert f"idle {IDLE_MW} mW" in printed and "module power from VDD_IN over the timed runs" in printed
