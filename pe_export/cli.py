@@ -357,6 +357,22 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _interruption(err: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM behind an error, if any.
+
+    A signal that lands inside a C extension (numpy, TensorFlow) surfaces as that call's
+    SystemError, with the KeyboardInterrupt or Terminated as its cause or context.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (KeyboardInterrupt, Terminated)):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(flag in args for flag in VERBOSE_FLAGS)
@@ -383,11 +399,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.ClickException as err:
         click.echo(f"error: {err.format_message()}", err=True)
         code = ExitCode.BAD_INPUT
-    except Exception as err:  # a bug: one line, traceback with --verbose
-        if verbose:
-            traceback.print_exc()
-        click.echo(f"error: unexpected {type(err).__name__}: {err} (a bug; rerun with --verbose)", err=True)
-        code = ExitCode.INTERNAL_ERROR
+    except Exception as err:
+        interruption = _interruption(err)
+        if isinstance(interruption, Terminated):
+            click.echo("error: terminated (SIGTERM); nothing partial was left behind", err=True)
+            code = INTERRUPTED_SIGTERM
+        elif interruption is not None:
+            click.echo("error: interrupted (SIGINT); nothing partial was left behind", err=True)
+            code = INTERRUPTED_SIGINT
+        else:  # a bug: one line, traceback with --verbose
+            if verbose:
+                traceback.print_exc()
+            click.echo(f"error: unexpected {type(err).__name__}: {err} (a bug; rerun with --verbose)", err=True)
+            code = ExitCode.INTERNAL_ERROR
     finally:
         signal.signal(signal.SIGTERM, previous)
     sys.exit(int(code) if isinstance(code, int) else 0)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pe_export.cli import Terminated, _interruption
 from pe_export.errors import ExitCode
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -124,3 +125,32 @@ def test_help_lists_exit_codes(capfd) -> None:
     assert result.exit_code == 0
     for code in ExitCode:
         assert f"  {int(code)}  " in result.stdout
+
+
+def _system_error_from(signal_exception: BaseException) -> SystemError:
+    """What a signal landing inside a C extension call looks like from Python."""
+    try:
+        try:
+            raise signal_exception
+        except BaseException:
+            raise SystemError("<built-in method __array__> returned a result with an exception set") from None
+    except SystemError as err:
+        err.__context__ = signal_exception
+        return err
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "said"), [(KeyboardInterrupt(), 130, "SIGINT"), (Terminated(), 143, "SIGTERM")]
+)
+def test_signal_inside_a_c_call_is_an_interruption_not_a_bug(
+    capfd, saved_model, monkeypatch: pytest.MonkeyPatch, raised: BaseException, code: int, said: str
+) -> None:
+    import pe_export.api
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise _system_error_from(raised)
+
+    monkeypatch.setattr(pe_export.api, "export_tflite", interrupted)
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", "never.tflite")
+    assert_one_line_error(result, code, f"interrupted ({said})" if code == 130 else f"terminated ({said})")
+    assert _interruption(ValueError("a real bug")) is None
