@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
@@ -31,8 +32,8 @@ def convert_onnx(
     *,
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
-) -> tuple[bytes, str]:
-    """Convert one signature at its input specs. Returns (serialized model, captured log).
+) -> tuple[bytes, str, list[str]]:
+    """Convert one signature at its input specs. Returns (serialized model, captured log, notes).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     """
@@ -61,7 +62,14 @@ def convert_onnx(
     if failure is not None:
         first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
         raise ConversionError(f"tf2onnx failed: {first}") from failure
+    folding = fold_shapes_of_initializers(model)
     check_onnx_model(model, "tf2onnx output")
+    notes = []
+    if folding.bytes_dropped:
+        notes.append(
+            f"{folding.shapes_folded} Shape op(s) of constants folded; {folding.initializers_dropped} constant(s) "
+            f"that tf2onnx kept only for their shape dropped ({folding.bytes_dropped:,} B)"
+        )
     if options.quantize == "float16":
         model = _to_float16(model)
     elif options.quantize == "dynamic-int8":
@@ -70,7 +78,7 @@ def convert_onnx(
         check_onnx_model(model, f"{options.quantize} model")
     data = model.SerializeToString()
     check_onnxruntime_loads(data)
-    return data, log.text
+    return data, log.text, notes
 
 
 def check_onnxruntime_loads(data: bytes) -> None:

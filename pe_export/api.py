@@ -106,12 +106,12 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
-    data, log = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.prepared)
+    data, log, notes = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.prepared)
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
     summary = summarize_onnx_model(model, Path(output), len(data))
-    return _finish(job, data, summary, log)
+    return _finish(job, data, summary, log, notes)
 
 
 @dataclass

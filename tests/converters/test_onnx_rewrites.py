@@ -1,0 +1,69 @@
+"""Shape of a constant → a constant: the weight copies tf2onnx keeps only for their shape go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pe_export.api import export_onnx
+from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+
+
+def small_graph() -> onnx.ModelProto:
+    """y = x @ W; dims = Shape(V)[1:] (V read for nothing else); z = Reshape(U, Shape(U))."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "W")
+    shape_only = numpy_helper.from_array(rng.normal(size=(2, 3, 4)).astype(np.float32), "V")
+    also_read = numpy_helper.from_array(rng.normal(size=(6,)).astype(np.float32), "U")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"]),
+        helper.make_node("Shape", ["V"], ["dims"], start=1),
+        helper.make_node("Shape", ["U"], ["u_shape"]),
+        helper.make_node("Reshape", ["U", "u_shape"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info(name, kind, shape)
+         for name, kind, shape in (("y", TensorProto.FLOAT, [None, 4]), ("dims", TensorProto.INT64, [2]),
+                                   ("z", TensorProto.FLOAT, [6]))],
+        initializer=[weight, shape_only, also_read],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_folds_shapes_and_drops_only_what_nothing_else_reads() -> None:
+    model = small_graph()
+    x = np.ones((3, 4), np.float32)
+    before = run(model, x)
+    folding = fold_shapes_of_initializers(model)
+    onnx.checker.check_model(model, full_check=True)
+    assert (folding.shapes_folded, folding.initializers_dropped, folding.bytes_dropped) == (2, 1, 2 * 3 * 4 * 4)
+    assert sorted(init.name for init in model.graph.initializer) == ["U", "W"]
+    assert [node.op_type for node in model.graph.node] == ["MatMul", "Constant", "Constant", "Reshape"]
+    after = run(model, x)
+    assert after[1].tolist() == [3, 4]  # Shape(start=1) of a [2, 3, 4] constant
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_exported_encoder_keeps_no_weight_for_its_shape_alone(saved_model, tmp_path: Path) -> None:
+    report = export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions())
+    assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
+    assert len(report.notes) == 1 and "kept only for their shape dropped" in report.notes[0]
+    model = onnx.load(str(tmp_path / "m.onnx"))
+    initializers = {init.name for init in model.graph.initializer}
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    assert not [name for name in initializers if readers.get(name) == {"Shape"}]
