@@ -104,9 +104,11 @@ def _export_options(**values: Any) -> Any:
 
 def _target_runtime(
     model: Path, target: str | None, runtime: str | None, providers: str | None
-) -> tuple[str | None, tuple[str, ...]]:
-    """Explicit options win; a --target profile fills what was not given; then library defaults."""
+) -> tuple[str | None, tuple[str, ...], Any]:
+    """(runtime, providers, the target's profile or None): explicit options win, a --target profile fills
+    what was not given, then library defaults."""
     chosen = tuple(p for p in providers.split(",") if p) if providers else None
+    profile = None
     if target:
         from pe_export.runners import installed_runners
         from pe_export.targets import get_profile
@@ -114,7 +116,7 @@ def _target_runtime(
         profile = get_profile(target)
         runtime = runtime or profile.runtime_for(model, installed_runners(model))
         chosen = chosen or profile.providers
-    return runtime, chosen or DEFAULT_PROVIDERS
+    return runtime, chosen or DEFAULT_PROVIDERS, profile
 
 
 def _list_tables(saved_model: Path, options: Any) -> int:
@@ -239,7 +241,12 @@ def golden(saved_model: Path, output: Path, **values: Any) -> int:
 @click.option("--ignore-digest", is_flag=True, help="Compare even if the bundle was made from another model.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the full report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of error by position.")
-@click.option("--timeout", type=float, default=DEFAULT_TIMEOUT_S, show_default=True, help="Seconds per runtime call.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help=f"Seconds per runtime call (default: the target's, else {DEFAULT_TIMEOUT_S:g}).",
+)
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
@@ -252,7 +259,10 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 
     atol, output_atol = parse_overrides(values["atol"], "--atol")
     rtol, output_rtol = parse_overrides(values["rtol"], "--rtol")
-    runtime, providers = _target_runtime(model, values["target"], values["runtime"], values["providers"])
+    runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
+    timeout = values["timeout"]
+    if timeout is None:  # an explicit --timeout wins, then the target's (TensorRT engine builds take minutes)
+        timeout = profile.parity.get("timeout_s", DEFAULT_TIMEOUT_S) if profile else DEFAULT_TIMEOUT_S
     options = ParityOptions(
         runtime=runtime,
         providers=providers,
@@ -262,10 +272,11 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         output_atol=output_atol,
         output_rtol=output_rtol,
         ignore_digest=values["ignore_digest"],
-        timeout_s=values["timeout"],
+        timeout_s=timeout,
         threads=values["threads"],
         isolate=not values["no_isolate"],
         tf32=values["tf32"],
+        target_tolerances=profile.tolerances if profile else {},
     )
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))
@@ -300,12 +311,8 @@ def bench(model: Path, json_path: Path | None, **values: Any) -> int:
     from pe_export.fileio import atomic_write_bytes
     from pe_export.report import format_bench
 
-    runtime, providers = _target_runtime(model, values["target"], values["runtime"], values["providers"])
-    settings = {}
-    if values["target"]:
-        from pe_export.targets import get_profile
-
-        settings = dict(get_profile(values["target"]).bench)
+    runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
+    settings = dict(profile.bench) if profile else {}
     given = {key: values[key] for key in ("threads", "batch", "seq_len", "runs", "warmup") if values[key] is not None}
     options = BenchOptions(runtime=runtime, providers=providers, tf32=values["tf32"], **{**settings, **given})
     with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
@@ -329,7 +336,8 @@ def targets() -> int:
         profile = get_profile(name)
         click.echo(f"{name:<16} {profile.description}")
         click.echo(f"{'':<16} providers {','.join(profile.providers)}; tflite {','.join(profile.runtimes['tflite'])}; "
-                   f"docker {profile.docker or '-'}; bench {profile.bench}")  # fmt: skip
+                   f"docker {profile.docker or '-'}; bench {profile.bench}; parity {profile.parity}"
+                   + (f"; tolerances {profile.tolerances}" if profile.tolerances else ""))  # fmt: skip
     return ExitCode.OK
 
 

@@ -22,7 +22,8 @@ class TargetProfile:
     providers: tuple[str, ...]
     docker: str | None
     bench: dict[str, int]
-    tolerances: dict[str, Any]
+    parity: dict[str, float]  # timeout_s: seconds per runtime call (TensorRT builds its engine in the first)
+    tolerances: dict[str, dict[str, float]]  # precision → atol/rtol replacing the defaults on this target
 
     def runtime_for(self, path: Path, installed: list[str]) -> str | None:
         """The first of this target's runtimes for the file that is installed here."""
@@ -44,6 +45,7 @@ def get_profile(name: str) -> TargetProfile:
     if name not in profiles:
         raise BadInputError(f"unknown target {name!r}; expected one of: {', '.join(profiles)}")
     entry = profiles[name]
+    _check_tolerances(name, entry["tolerances"])
     return TargetProfile(
         name=name,
         description=entry["description"],
@@ -52,5 +54,21 @@ def get_profile(name: str) -> TargetProfile:
         providers=tuple(entry["providers"]),
         docker=entry["docker"],
         bench=entry["bench"],
+        parity=entry["parity"],
         tolerances=entry["tolerances"],
     )
+
+
+def _check_tolerances(name: str, tolerances: dict[str, Any]) -> None:
+    """A profile's tolerances name known precisions and give numbers ≥ 0 for atol/rtol only."""
+    from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+
+    for precision, values in tolerances.items():
+        if precision not in DEFAULT_TOLERANCES or not isinstance(values, dict):
+            raise BadInputError(
+                f"target {name!r}: tolerances for {precision!r}; expected a precision "
+                f"({', '.join(DEFAULT_TOLERANCES)}) mapped to atol/rtol"
+            )
+        for key, value in values.items():
+            if key not in ("atol", "rtol") or not isinstance(value, (int, float)) or not value >= 0:
+                raise BadInputError(f"target {name!r}: {precision} {key}={value!r}; expected atol/rtol ≥ 0")

@@ -34,6 +34,8 @@ class ParityOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     threads: int | None = None
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
+    # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
+    target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
@@ -184,6 +186,8 @@ def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[
     pinned = bundle.manifest["tolerances"].get(precision)
     if isinstance(pinned, dict):
         base = Tolerance(**{k: float(pinned[k]) for k in ("atol", "rtol", "min_cosine")})
+    target = options.target_tolerances.get(precision, {})
+    base = base.override(target.get("atol"), target.get("rtol"))
     names = [spec.name for spec in bundle.outputs]
     unknown = sorted((set(options.output_atol) | set(options.output_rtol)) - set(names))
     if unknown:

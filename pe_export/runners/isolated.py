@@ -153,7 +153,8 @@ class IsolatedRunner(Runner):
                     self._process.wait()
                     raise RuntimeUnavailableError(
                         f"{self.runner_name} did not answer within {self.timeout_s:g} s while {doing} "
-                        f"{self.model_path.name}; the child process was killed"
+                        f"{self.model_path.name}; the child process was killed (if it is only slow, e.g. "
+                        "building a TensorRT engine, raise --timeout)"
                     )
                 chunk = os.read(stream.fileno(), min(remaining, 1 << 20))
                 if not chunk:

@@ -255,3 +255,29 @@ def test_target_profile_sets_runtime_and_providers(capfd, files) -> None:
         capfd, "parity", files["onnx"], files["bundle"], "--target", "desktop-cuda", "--providers", "cpu"
     )
     assert explicit.exit_code == 0  # the command line wins over the profile
+
+
+def test_target_profile_tolerances_and_timeout_apply_under_the_command_line(
+    capfd, files, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pe_export.targets as targets
+
+    profiles = json.loads(targets.PROFILES.read_text())
+    strict = {**profiles["x86-cpu"], "tolerances": {"fp32": {"atol": 0, "rtol": 0}}}
+    hasty = {**profiles["x86-cpu"], "parity": {"timeout_s": 1e-6}}
+    monkeypatch.setattr(targets, "_raw", lambda: {**profiles, "strict": strict, "hasty": hasty})
+
+    failed = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "strict")
+    assert failed.exit_code == ExitCode.PARITY_FAILED and "atol 0" in failed.stderr + failed.stdout
+    loosened = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "strict", "--atol", "1e-3")
+    assert loosened.exit_code == 0  # the command line wins over the target
+    timed_out = run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "hasty")
+    assert_one_line_error(timed_out, ExitCode.RUNTIME_UNAVAILABLE, "--timeout")
+    assert (
+        run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "hasty", "--timeout", "120").exit_code == 0
+    )
+    bad = {**profiles["x86-cpu"], "tolerances": {"fp64": {"atol": 1}}}
+    monkeypatch.setattr(targets, "_raw", lambda: {"bad": bad})
+    assert_one_line_error(
+        run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "bad"), ExitCode.BAD_INPUT, "'fp64'"
+    )
