@@ -381,6 +381,15 @@ def _interruption(err: BaseException) -> BaseException | None:
     return None
 
 
+def _report_interruption(interruption: BaseException) -> int:
+    """One line for Ctrl-C or SIGTERM; the exit code a shell gives them (130, 143)."""
+    if isinstance(interruption, Terminated):
+        click.echo("error: terminated (SIGTERM); nothing partial was left behind", err=True)
+        return INTERRUPTED_SIGTERM
+    click.echo("error: interrupted (SIGINT); nothing partial was left behind", err=True)
+    return INTERRUPTED_SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = any(flag in args for flag in VERBOSE_FLAGS)
@@ -398,23 +407,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         command = err.ctx.command_path if err.ctx else "pe-export"
         click.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
         code = ExitCode.BAD_INPUT
-    except click.exceptions.Abort:
-        click.echo("error: interrupted (SIGINT); nothing partial was left behind", err=True)
-        code = INTERRUPTED_SIGINT
-    except Terminated:
-        click.echo("error: terminated (SIGTERM); nothing partial was left behind", err=True)
-        code = INTERRUPTED_SIGTERM
+    except click.exceptions.Abort:  # click's form of Ctrl-C
+        code = _report_interruption(KeyboardInterrupt())
+    except Terminated as err:
+        code = _report_interruption(err)
     except click.exceptions.ClickException as err:
         click.echo(f"error: {err.format_message()}", err=True)
         code = ExitCode.BAD_INPUT
     except Exception as err:
         interruption = _interruption(err)
-        if isinstance(interruption, Terminated):
-            click.echo("error: terminated (SIGTERM); nothing partial was left behind", err=True)
-            code = INTERRUPTED_SIGTERM
-        elif interruption is not None:
-            click.echo("error: interrupted (SIGINT); nothing partial was left behind", err=True)
-            code = INTERRUPTED_SIGINT
+        if interruption is not None:
+            code = _report_interruption(interruption)
         else:  # a bug: one line, traceback with --verbose
             if verbose:
                 traceback.print_exc()
