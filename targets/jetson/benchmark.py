@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
     (args.out / "results.json").write_text(json.dumps({"environment": environment, "runs": results}, indent=2))
     columns = ["model", "run", "runtime", "p50", "p90", "p99", "sequences_per_s", "mean_power_mw",
-               "energy_mj_per_inference", "energy_above_idle_mj_per_inference", "max_temp_c", "error"]  # fmt: skip
+               "energy_mj_per_inference", "energy_above_idle_mj_per_inference", "max_temp_c", "mean_gpu_load",
+               "mean_cpu_load", "max_ram_used_mb", "error"]  # fmt: skip
     with (args.out / "results.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, extrasaction="ignore")
         writer.writeheader()
@@ -178,9 +179,17 @@ def power_figures(samples: list[Sample], window: str, p50_ms: float, idle_mw: fl
         "mean_power_mw": mean,
         "energy_mj_per_inference": mean * p50_ms / 1000 if mean is not None else None,
         "energy_above_idle_mj_per_inference": above_idle * p50_ms / 1000 if above_idle is not None else None,
+        "mean_rails_mw": {rail: _mean([s.rails_mw.get(rail) for s in samples]) for rail in _rails(samples)},
         "max_temp_c": max((max(s.temps_c.values()) for s in samples if s.temps_c), default=None),
         "mean_gpu_load": _mean([s.gpu_load for s in samples]),
+        # Mean over the cores that were on; a core tegrastats shows as "off" is left out.
+        "mean_cpu_load": _mean([load for s in samples for load in s.cpu_load]),
+        "max_ram_used_mb": max((s.ram_used_mb for s in samples if s.ram_used_mb is not None), default=None),
     }
+
+
+def _rails(samples: list[Sample]) -> list[str]:
+    return list(dict.fromkeys(rail for s in samples for rail in s.rails_mw))
 
 
 def _mean(values: list[int | None]) -> float | None:

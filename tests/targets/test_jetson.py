@@ -188,4 +188,6 @@ def test_benchmark_on_a_jetson_records_power_and_keeps_the_logs(
     assert cpu["energy_mj_per_inference"] == pytest.approx(LOAD_MW * p50 / 1000)
     assert cpu["energy_above_idle_mj_per_inference"] == pytest.approx((LOAD_MW - IDLE_MW) * p50 / 1000)
     assert cpu["max_temp_c"] == 51.281 and cpu["mean_gpu_load"] == 58
+    assert cpu["mean_rails_mw"] == {"VDD_IN": LOAD_MW, "VDD_CPU_GPU_CV": 5318, "VDD_SOC": 2391}
+    assert cpu["mean_cpu_load"] == (31 + 18 + 25 + 12) / 4 and cpu["max_ram_used_mb"] == 2716
     assert f"idle {IDLE_MW} mW" in printed and "module power from VDD_IN over the timed runs" in printed
