@@ -1,4 +1,4 @@
-"""Parse tegrastats lines (JetPack 4 to 6; Nano, TX2, Xavier and Orin boards).
+"""Parse tegrastats lines (JetPack 4 to 7; Nano, TX2, Xavier, Orin and Thor boards).
 
 Power rails appear as ``NAME cur/avg`` (JetPack 4, no unit), ``NAME curmW/avgmW`` (JetPack 5/6)
 or ``NAME curmW/avgmW/maxmW`` (newer releases). Temperatures are ``name@47.5C`` (optionally
@@ -27,6 +27,9 @@ ABSENT_SENSOR_C = -256.0
 # are separate supplies (VIN_SYS_5V0 is the 5 V system rail, not the input), so module power
 # is their sum there. Neither includes the carrier board.
 INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
+# Whole-board inputs (AGX Thor, JetPack 7: VIN, carrier board included): left out of module power.
+# Reported by Thor users; not yet checked against a capture of ours.
+BOARD_RAILS = ("VIN",)
 
 
 @dataclass
@@ -45,7 +48,8 @@ class Sample:
         for rail in INPUT_RAILS:
             if rail in self.rails_mw:
                 return rail
-        return "+".join(self.rails_mw) if self.rails_mw else None
+        module = [rail for rail in self.rails_mw if rail not in BOARD_RAILS]
+        return "+".join(module) if module else None
 
     @property
     def total_mw(self) -> int | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.targets.jetson.benchmark import main as jetson_benchmark
-from pe_export.targets.jetson.tegrastats import INPUT_RAILS, Sample, mean_power_mw, parse_line
+from pe_export.targets.jetson.tegrastats import BOARD_RAILS, INPUT_RAILS, Sample, mean_power_mw, parse_line
 
 # One line per format. Their shapes (field order, unitless JetPack 4 rails, the two `NC` channels
 # of AGX Orin's second monitor, -256C for sensors a module lacks, lower-case sensors on JetPack 6)
@@ -48,7 +48,20 @@ AGX_ORIN_THREE_VALUE_RAILS = (
     "GR3D_FREQ 81%@[1300,1300] cpu@55.4C/56.1C gpu@58.2C/58.9C tj@58.9C/59.3C VDD_GPU_SOC 21480mW/19870mW/22960mW "
     "VDD_CPU_CV 3920mW/3801mW/4410mW VIN_SYS_5V0 6104mW/6012mW/6320mW VDDQ_VDD2_1V8AO 2512mW/2460mW/2590mW"
 )
-FORMATS = [AGX_ORIN_JETPACK5, ORIN_NX_JETPACK6, AGX_XAVIER_JETPACK5, NANO_JETPACK4, AGX_ORIN_THREE_VALUE_RAILS]
+# AGX Thor (JetPack 7), from what Thor users report: no GPU load figure, VIN is the whole board's input.
+AGX_THOR_JETPACK7 = (
+    "RAM 9215/125772MB (lfb 12x4MB) SWAP 0/62886MB (cached 0MB) CPU [12%@2601,8%@2601,5%@2601,9%@2601] "
+    "EMC_FREQ 3%@4266 GR3D_FREQ @[1575,1575,1575] cpu@53.7C soc012@55.1C soc345@53.7C tj@55.1C "
+    "VDD_GPU 1204mW/1180mW VDD_CPU_SOC_MSS 6510mW/6402mW VIN_SYS_5V0 6520mW/6499mW VIN 23140mW/22980mW"
+)
+FORMATS = [
+    AGX_ORIN_JETPACK5,
+    ORIN_NX_JETPACK6,
+    AGX_XAVIER_JETPACK5,
+    NANO_JETPACK4,
+    AGX_ORIN_THREE_VALUE_RAILS,
+    AGX_THOR_JETPACK7,
+]
 CAPTURES = Path(__file__).parent / "data" / "tegrastats"
 
 
@@ -93,6 +106,12 @@ def test_three_value_rails_take_the_instantaneous_value() -> None:
     assert len(sample.cpu_load) == 12 and sample.temps_c["tj"] == 58.9
 
 
+def test_thor_module_power_leaves_out_the_board_input() -> None:
+    sample = parse_line(AGX_THOR_JETPACK7)
+    assert sample.rails_mw["VIN"] == 23140 and sample.gpu_load is None  # Thor prints no GR3D load
+    assert sample.power_basis == "VDD_GPU+VDD_CPU_SOC_MSS+VIN_SYS_5V0" and sample.total_mw == 1204 + 6510 + 6520
+
+
 def test_mean_power_skips_lines_without_rails() -> None:
     samples = [parse_line(ORIN_NX_JETPACK6), parse_line("RAM 2716/15656MB (lfb 1893x4MB)"), parse_line("")]
     assert samples[1].total_mw is None and samples[2] == Sample()
@@ -104,13 +123,15 @@ def check_line(sample: Sample) -> None:
     """What every tegrastats line must satisfy, whichever the board."""
     assert sample.ram_used_mb is not None and sample.cpu_load, "RAM or CPU field not parsed"
     assert sample.rails_mw, "no power rail parsed"
-    for rail in INPUT_RAILS:  # an input rail feeds the others, so it can't read less than any of them
+    for rail in (*INPUT_RAILS, *BOARD_RAILS):  # an input feeds the other rails: it can't read less than any
         if rail in sample.rails_mw:
             assert all(sample.rails_mw[rail] >= mw for mw in sample.rails_mw.values()), sample.rails_mw
     assert all(-60 < t < 130 for t in sample.temps_c.values()), sample.temps_c
 
 
-@pytest.mark.parametrize("line", FORMATS, ids=["agx-orin-jp5", "orin-nx-jp6", "agx-xavier-jp5", "nano-jp4", "3-value"])
+@pytest.mark.parametrize(
+    "line", FORMATS, ids=["agx-orin-jp5", "orin-nx-jp6", "agx-xavier-jp5", "nano-jp4", "3-value", "thor-jp7"]
+)
 def test_every_format_passes_the_line_checks(line: str) -> None:
     check_line(parse_line(line))
 
