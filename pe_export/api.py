@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import numpy as np
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
     VERIFY_BATCH,
+    VERIFY_MAX_SEQ_LEN,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
 )
@@ -123,17 +125,22 @@ class _Job:
     loaded: LoadedSavedModel
     signature: str
     specs: list[TensorSpec]
-    bounds: dict[str, int]
     provenance: dict[str, str]
     frozen: FrozenSignature
     prepared: PreparedGraph | None = None
+
+    @cached_property
+    def bounds(self) -> dict[str, int]:
+        """Integer input bounds, for verification and calibration only: an unverified export skips the freeze."""
+        from pe_export.savedmodel import input_bounds
+
+        return input_bounds(self.frozen)
 
 
 def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
     from pe_export.savedmodel import (
         FrozenSignature,
         check_savedmodel_dir,
-        input_bounds,
         load_savedmodel,
         savedmodel_digest,
         signature_input_specs,
@@ -146,7 +153,6 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     signature = loaded.signature(options.signature)
     specs = options.export_specs(signature_input_specs(signature))
     frozen = FrozenSignature(signature, specs)
-    bounds = input_bounds(frozen)
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None
@@ -154,9 +160,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
         from pe_export.tables.pipeline import prepare_graph
 
         prepared = prepare_graph(loaded, frozen, options.tables)
-    return _Job(
-        target, saved_model, output, options, loaded, signature_name, specs, bounds, provenance, frozen, prepared
-    )
+    return _Job(target, saved_model, output, options, loaded, signature_name, specs, provenance, frozen, prepared)
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
@@ -182,12 +186,15 @@ def _feed(
 
 
 def verification_feeds(
-    specs: list[TensorSpec], bounds: dict[str, int]
+    specs: list[TensorSpec], bounds: dict[str, int], seq_len: int = VERIFY_SEQ_LEN
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """Two cases, full-length rows and rows padded at several lengths, with their valid positions."""
-    shape = concrete_shape(specs[0], VERIFY_BATCH, VERIFY_SEQ_LEN) if specs else ()
+    """Two cases, full-length rows and rows padded at several lengths, with their valid positions.
+
+    ``seq_len`` sizes a dynamic sequence axis; a fixed one keeps the model's length.
+    """
+    shape = concrete_shape(specs[0], VERIFY_BATCH, seq_len) if specs else ()
     batch = shape[0] if shape else VERIFY_BATCH
-    seq_len = shape[1] if len(shape) > 1 else VERIFY_SEQ_LEN
+    seq_len = shape[1] if len(shape) > 1 else seq_len
     feeds, valid = {}, {}
     for case, padded in (("random", False), ("padded", True)):
         feeds[case] = generate_inputs(specs, bounds, batch=batch, seq_len=seq_len, seed=VERIFY_SEED, padded=padded)
@@ -217,11 +224,28 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
     return report
 
 
+def verification_length(prepared: PreparedGraph | None) -> int:
+    """Sequence length for checking a dynamic-length export.
+
+    Where the export rebuilt position tables that are read as rows 0..T-1, every row the
+    TensorFlow reference has is checked (up to VERIFY_MAX_SEQ_LEN): a rebuild that went wrong at
+    row 300 must not pass on 16 positions. Rows added by --max-len have no reference to meet.
+    """
+    if prepared is None or not prepared.prefix_only:
+        return VERIFY_SEQ_LEN
+    rows = [
+        min(result.rows, int(np.prod(result.table.shape[:-1])))
+        for result in prepared.results
+        if result.table.node in prepared.prefix_only
+    ]
+    return max(VERIFY_SEQ_LEN, min([*rows, VERIFY_MAX_SEQ_LEN]))
+
+
 def verify_export(job: _Job, runner_name: str) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
     precision = job.options.precision
-    feeds, valid = verification_feeds(job.specs, job.bounds)
+    feeds, valid = verification_feeds(job.specs, job.bounds, verification_length(job.prepared))
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, job.output) as candidate:
         return compare_runners(

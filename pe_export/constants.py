@@ -20,6 +20,8 @@ PRECISION_OF_QUANTIZE = {
 # Inputs generated for the post-export check when the model's own shapes are dynamic.
 VERIFY_BATCH = 2
 VERIFY_SEQ_LEN = 16
+# A dynamic-length export whose position tables were rebuilt is checked over all their rows, up to this.
+VERIFY_MAX_SEQ_LEN = 512
 VERIFY_SEED = 0
 # Samples fed to the TFLite converter for full-integer calibration.
 CALIBRATION_SAMPLES = 32

@@ -46,8 +46,9 @@ def format_summary(summary: ModelSummary) -> list[str]:
 def format_parity(result: ParityResult) -> list[str]:
     tol = result.tolerance
     lines = [
-        f"  parity vs TensorFlow float32 on {result.runtime} ({result.precision}: atol {tol.atol:g}, "
-        f"rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g})",
+        f"  parity vs TensorFlow float32 on {result.runtime}"
+        + (f", {result.positions} positions" if result.positions else "")
+        + f" ({result.precision}: atol {tol.atol:g}, rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g})",
         f"    {'case':<8} {'output':<16} {'max abs':>10} {'mean abs':>10} {'max rel':>10} {'cosine':>10}  ok",
     ]
     for case in result.cases:

@@ -25,6 +25,7 @@ class ParityResult:
     precision: str
     tolerance: Tolerance
     cases: list[CaseResult] = field(default_factory=list)
+    positions: int | None = None  # sequence length the check ran at (None: no sequence axis)
 
     @property
     def passed(self) -> bool:
@@ -67,6 +68,8 @@ def compare_runners(
     ``valid`` maps a case to its [batch, seq] mask of real (unpadded) positions.
     """
     result = ParityResult(candidate.describe(), precision, tolerance)
+    shaped = [array.shape for feed in feeds.values() for array in feed.values() if np.ndim(array) >= 2]
+    result.positions = int(shaped[0][1]) if shaped else None
     for case, feed in feeds.items():
         expected = reference.infer(feed)
         actual = candidate.infer(feed)

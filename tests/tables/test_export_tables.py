@@ -156,3 +156,20 @@ def test_max_len_stretches_learned_tables_with_a_warning(variant_model, tmp_path
     assert table.rows == 128 and table.warnings and table.method == "none"
     feed = {"token_ids": np.ones((1, 100), np.int32)}  # longer than the 64 trained positions
     assert np.isfinite(onnxruntime_outputs(tmp_path / "m.onnx", feed)["sequence_output"]).all()
+
+
+def test_dynamic_export_is_verified_over_every_rebuilt_row(variant_model, tmp_path: Path) -> None:
+    from pe_export.constants import VERIFY_MAX_SEQ_LEN, VERIFY_SEQ_LEN
+
+    model = variant_model("sinusoid_constant", None, length=128, width=32, head=False)
+    plain = export_onnx(model, tmp_path / "plain.onnx", ExportOptions())
+    assert plain.parity.positions == VERIFY_SEQ_LEN  # nothing rebuilt: the usual short check
+    for target, (export, _) in EXPORTS.items():
+        rebuilt = export(model, tmp_path / f"c.{target}", ExportOptions(tables=TableOptions(compress=16)))
+        assert rebuilt.tables[0].rows == 128 and rebuilt.parity.positions == 128 and rebuilt.parity.passed
+        # --max-len: the file runs to 1024, the reference only to its 128 rows.
+        extended = export(model, tmp_path / f"e.{target}", ExportOptions(tables=TableOptions(max_len=1024)))
+        assert extended.tables[0].rows == 1024 and extended.parity.positions == 128 and extended.parity.passed
+    long = variant_model("sinusoid_constant", None, length=1024, width=16, head=False)
+    capped = export_tflite(long, tmp_path / "long.tflite", ExportOptions(tables=TableOptions(compress=8)))
+    assert capped.parity.positions == VERIFY_MAX_SEQ_LEN and capped.parity.passed
