@@ -12,8 +12,8 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
+    MAX_CHECKED_POSITIONS,
     VERIFY_BATCH,
-    VERIFY_MAX_SEQ_LEN,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
 )
@@ -95,7 +95,8 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         for seed in range(CALIBRATION_SAMPLES):
-            yield _feed(job.specs, job.bounds, batch=VERIFY_BATCH, seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))
+            yield generate_inputs(job.specs, job.bounds, batch=VERIFY_BATCH, seq_len=job.check_length,
+                                  seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))  # fmt: skip
 
     data, log, notes = convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet, prepared=job.prepared)
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
@@ -128,6 +129,24 @@ class _Job:
     provenance: dict[str, str]
     frozen: FrozenSignature
     prepared: PreparedGraph | None = None
+
+    @cached_property
+    def check_length(self) -> int:
+        """Sequence length for verification and int8 calibration of a dynamic-length model.
+
+        Every row of its position tables (up to MAX_CHECKED_POSITIONS): a rebuild that went wrong
+        at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
+        Rows added by --max-len have no reference to meet. Fixed lengths keep their own.
+        """
+        if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in self.specs):
+            return VERIFY_SEQ_LEN
+        prepared = self.prepared
+        if prepared is None:
+            from pe_export.tables.pipeline import TableOptions, prepare_graph
+
+            prepared = prepare_graph(self.loaded, self.frozen, TableOptions(list_only=True))
+        length = prepared.position_length()
+        return max(VERIFY_SEQ_LEN, min(length, MAX_CHECKED_POSITIONS)) if length else VERIFY_SEQ_LEN
 
     @cached_property
     def bounds(self) -> dict[str, int]:
@@ -179,12 +198,6 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
     return prepare_graph(loaded, frozen, replace(options.tables, list_only=True)).results
 
 
-def _feed(
-    specs: list[TensorSpec], bounds: dict[str, int], *, batch: int, seed: int, padded: bool
-) -> dict[str, np.ndarray]:
-    return generate_inputs(specs, bounds, batch=batch, seq_len=VERIFY_SEQ_LEN, seed=seed, padded=padded)
-
-
 def verification_feeds(
     specs: list[TensorSpec], bounds: dict[str, int], seq_len: int = VERIFY_SEQ_LEN
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
@@ -224,28 +237,11 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
     return report
 
 
-def verification_length(prepared: PreparedGraph | None) -> int:
-    """Sequence length for checking a dynamic-length export.
-
-    Where the export rebuilt position tables that are read as rows 0..T-1, every row the
-    TensorFlow reference has is checked (up to VERIFY_MAX_SEQ_LEN): a rebuild that went wrong at
-    row 300 must not pass on 16 positions. Rows added by --max-len have no reference to meet.
-    """
-    if prepared is None or not prepared.prefix_only:
-        return VERIFY_SEQ_LEN
-    rows = [
-        min(result.rows, int(np.prod(result.table.shape[:-1])))
-        for result in prepared.results
-        if result.table.node in prepared.prefix_only
-    ]
-    return max(VERIFY_SEQ_LEN, min([*rows, VERIFY_MAX_SEQ_LEN]))
-
-
 def verify_export(job: _Job, runner_name: str) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
     precision = job.options.precision
-    feeds, valid = verification_feeds(job.specs, job.bounds, verification_length(job.prepared))
+    feeds, valid = verification_feeds(job.specs, job.bounds, job.check_length)
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, job.output) as candidate:
         return compare_runners(

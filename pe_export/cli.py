@@ -18,6 +18,8 @@ from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
     GOLDEN_BATCH,
     GOLDEN_SAMPLES,
+    GOLDEN_SEQ_LEN,
+    MAX_CHECKED_POSITIONS,
     ONNX_QUANTIZE_MODES,
     TFLITE_QUANTIZE_MODES,
 )
@@ -198,7 +200,13 @@ def inspect(path: Path, signature: str | None) -> int:
 @click.option("--signature", default=None, help="SavedModel signature (default: serving_default).")
 @click.option("--samples", type=int, default=GOLDEN_SAMPLES, show_default=True, help="Samples to generate.")
 @click.option("--batch", type=int, default=GOLDEN_BATCH, show_default=True, help="Samples per stored batch.")
-@click.option("--seq-len", type=int, default=None, help="Sequence length (default: the model's, else 16).")
+@click.option(
+    "--seq-len",
+    type=int,
+    default=None,
+    help=f"Sequence length (default: the model's fixed one, else its position table's rows up to "
+    f"{MAX_CHECKED_POSITIONS}, else {GOLDEN_SEQ_LEN}).",
+)
 @click.option("--inputs", type=click.Path(path_type=Path), default=None, help="Your own inputs (.npz by name).")
 @click.option(
     "--labels",
@@ -214,7 +222,8 @@ def golden(saved_model: Path, output: Path, **values: Any) -> int:
 
     result = make_golden(saved_model, output, GoldenOptions(**values))
     click.echo(
-        f"OK: wrote {result.path} ({result.samples} samples in {result.batches} batches, {result.bytes:,} B, "
+        f"OK: wrote {result.path} ({result.samples} samples of {result.seq_len} positions in {result.batches} "
+        f"batches, {result.bytes:,} B, "
         f"model digest {result.digest[:12]}…)"
     )
     return ExitCode.OK

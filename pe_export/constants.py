@@ -19,9 +19,10 @@ PRECISION_OF_QUANTIZE = {
 
 # Inputs generated for the post-export check when the model's own shapes are dynamic.
 VERIFY_BATCH = 2
-VERIFY_SEQ_LEN = 16
-# A dynamic-length export whose position tables were rebuilt is checked over all their rows, up to this.
-VERIFY_MAX_SEQ_LEN = 512
+VERIFY_SEQ_LEN = 16  # for dynamic-length models without a table read by position
+# Dynamic-length models with position tables are checked (export verification, int8 calibration,
+# golden bundles) over every row of their tables, up to this many positions.
+MAX_CHECKED_POSITIONS = 512
 VERIFY_SEED = 0
 # Samples fed to the TFLite converter for full-integer calibration.
 CALIBRATION_SAMPLES = 32
@@ -32,4 +33,4 @@ MAX_BATCH = 1 << 16
 # Golden bundles.
 GOLDEN_SAMPLES = 16
 GOLDEN_BATCH = 4
-GOLDEN_SEQ_LEN = 16
+GOLDEN_SEQ_LEN = 16  # for dynamic-length models without a table read by position

@@ -10,11 +10,19 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pe_export import __version__
-from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN
+from pe_export.constants import (
+    GOLDEN_BATCH,
+    GOLDEN_SAMPLES,
+    GOLDEN_SEQ_LEN,
+    MAX_BATCH,
+    MAX_CHECKED_POSITIONS,
+    MAX_SEQ_LEN,
+)
 from pe_export.errors import BadInputError, OutputExistsError
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
 from pe_export.parity.bundle import (
@@ -39,7 +47,7 @@ class GoldenOptions:
     signature: str | None = None
     samples: int = GOLDEN_SAMPLES
     batch: int = GOLDEN_BATCH
-    seq_len: int | None = None  # default: the model's fixed length, else GOLDEN_SEQ_LEN
+    seq_len: int | None = None  # default: the model's fixed length, else its position table's rows, else 16
     seed: int = 0
     inputs: Path | None = None  # user inputs (.npz keyed by input name, samples on axis 0)
     labels: Path | None = None  # task labels (.npz keyed by output name, class ids, -1 = ignore); with inputs
@@ -64,6 +72,7 @@ class GoldenResult:
     batches: int
     bytes: int
     digest: str
+    seq_len: int
 
 
 def make_golden(
@@ -91,7 +100,13 @@ def make_golden(
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
-    seq_len = options.seq_len or _fixed_seq_len(model_specs) or _user_seq_len(user_arrays) or GOLDEN_SEQ_LEN
+    seq_len = (
+        options.seq_len
+        or _fixed_seq_len(model_specs)
+        or _user_seq_len(user_arrays)
+        or _position_table_length(loaded, signature, model_specs)
+        or GOLDEN_SEQ_LEN
+    )
     specs = [_sized(spec, seq_len) for spec in model_specs]
     bounds = input_bounds(FrozenSignature(signature, specs))
     batches = (
@@ -145,7 +160,22 @@ def make_golden(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
-    return GoldenResult(output, total, len(entries), size, digest)
+    return GoldenResult(output, total, len(entries), size, digest, seq_len)
+
+
+def _position_table_length(loaded: Any, signature: Any, specs: list[TensorSpec]) -> int | None:
+    """Rows of the shortest table the model reads by position (capped at MAX_CHECKED_POSITIONS).
+
+    A bundle at 16 positions would leave rows 16 and up of an exported table unchecked on the device.
+    Relative tables index distances, not positions: they bound nothing.
+    """
+    from pe_export.savedmodel import FrozenSignature
+    from pe_export.tables.pipeline import TableOptions, prepare_graph
+
+    if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in specs):
+        return None
+    length = prepare_graph(loaded, FrozenSignature(signature, specs), TableOptions(list_only=True)).position_length()
+    return min(length, MAX_CHECKED_POSITIONS) if length else None
 
 
 def _fixed_seq_len(specs: list[TensorSpec]) -> int | None:

@@ -15,6 +15,7 @@ from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
 
 TABLE_DTYPES = ("float32", "float16")
+POSITIONLESS_KINDS = ("relative",)  # table kinds indexed by distance, not by absolute position
 COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
 
 
@@ -166,6 +167,22 @@ class PreparedGraph:
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]] = field(default_factory=dict)
     seed: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
     prefix_only: set[str] = field(default_factory=set)
+
+    def position_length(self) -> int | None:
+        """How many positions the model and this graph both serve: the fewest rows of any table read by
+        position (a table rebuilt with other rows counts with the fewer), or None without such tables.
+
+        Relative tables are indexed by distance and bound nothing.
+        """
+        lengths = []
+        for table in self.tables:
+            if table.kind in POSITIONLESS_KINDS:
+                continue
+            rows = int(np.prod(table.shape[:-1]))
+            if table.node in self.replacements:
+                rows = min(rows, self.replacements[table.node][2])
+            lengths.append(rows)
+        return min(lengths) if lengths else None
 
     def graph_def(self, target: str) -> Any:
         """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time."""

@@ -15,6 +15,7 @@ from pe_export.errors import ExitCode, RuntimeUnavailableError
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
 from pe_export.parity.harness import ParityAssertionError, assert_parity
+from pe_export.reference.encoder import MAX_LEN
 from pe_export.runners.isolated import IsolatedRunner
 from tests.helpers import assert_one_line_error, run_cli
 
@@ -71,7 +72,7 @@ def test_exports_pass_with_default_tolerances(capfd, files, tmp_path: Path, key:
     else:
         assert worst > 1e-5  # really quantized
     sequence = next(o for o in report["outputs"] if o["name"] == "sequence_output")
-    assert len(sequence["position_max_abs"]) == 16
+    assert len(sequence["position_max_abs"]) == MAX_LEN  # the default bundle covers every table row
 
 
 def test_damaged_position_table_fails_and_the_profile_points_at_it(capfd, files, tmp_path: Path) -> None:
@@ -152,7 +153,9 @@ def test_wrong_shape_and_dtype_bundles(capfd, files, tmp_path: Path) -> None:
         arrays["valid"] = arrays["valid"][:, :8]
 
     rewrite_batch(shape, shorten)
-    assert_one_line_error(run_cli(capfd, "parity", files["tflite"], shape), ExitCode.BAD_INPUT, "manifest says (4, 16)")
+    assert_one_line_error(
+        run_cli(capfd, "parity", files["tflite"], shape), ExitCode.BAD_INPUT, f"manifest says (4, {MAX_LEN})"
+    )
 
     dtype = copy_bundle(files, tmp_path / "dtype")
 
@@ -281,3 +284,18 @@ def test_target_profile_tolerances_and_timeout_apply_under_the_command_line(
     assert_one_line_error(
         run_cli(capfd, "parity", files["onnx"], files["bundle"], "--target", "bad"), ExitCode.BAD_INPUT, "'fp64'"
     )
+
+
+def test_golden_default_length_covers_the_position_table(saved_model, variant_model, tmp_path: Path) -> None:
+    from pe_export.constants import GOLDEN_SEQ_LEN, MAX_CHECKED_POSITIONS
+    from pe_export.reference.encoder import FIXED_LEN
+
+    def length(model: Path, **options: object) -> int:
+        name = f"b{len(list(tmp_path.iterdir()))}"
+        return make_golden(model, tmp_path / name, GoldenOptions(samples=2, batch=2, **options)).seq_len
+
+    assert length(saved_model("encoder_dynamic")) == MAX_LEN  # every row of its 64-row table
+    assert length(saved_model("encoder_dynamic"), seq_len=24) == 24
+    assert length(saved_model("encoder_fixed")) == FIXED_LEN
+    assert length(variant_model("sinusoid_constant", None, length=1024, width=16, head=False)) == MAX_CHECKED_POSITIONS
+    assert length(variant_model("relative", None)) == GOLDEN_SEQ_LEN  # distances bound nothing

@@ -159,11 +159,13 @@ def test_max_len_stretches_learned_tables_with_a_warning(variant_model, tmp_path
 
 
 def test_dynamic_export_is_verified_over_every_rebuilt_row(variant_model, tmp_path: Path) -> None:
-    from pe_export.constants import VERIFY_MAX_SEQ_LEN, VERIFY_SEQ_LEN
+    from pe_export.constants import MAX_CHECKED_POSITIONS, VERIFY_SEQ_LEN
 
     model = variant_model("sinusoid_constant", None, length=128, width=32, head=False)
     plain = export_onnx(model, tmp_path / "plain.onnx", ExportOptions())
-    assert plain.parity.positions == VERIFY_SEQ_LEN  # nothing rebuilt: the usual short check
+    assert plain.parity.positions == 128  # the table's rows, rebuilt or not
+    relative = export_onnx(variant_model("relative", None), tmp_path / "relative.onnx", ExportOptions())
+    assert relative.parity.positions == VERIFY_SEQ_LEN  # distances bound no length: the short check
     for target, (export, _) in EXPORTS.items():
         rebuilt = export(model, tmp_path / f"c.{target}", ExportOptions(tables=TableOptions(compress=16)))
         assert rebuilt.tables[0].rows == 128 and rebuilt.parity.positions == 128 and rebuilt.parity.passed
@@ -172,4 +174,4 @@ def test_dynamic_export_is_verified_over_every_rebuilt_row(variant_model, tmp_pa
         assert extended.tables[0].rows == 1024 and extended.parity.positions == 128 and extended.parity.passed
     long = variant_model("sinusoid_constant", None, length=1024, width=16, head=False)
     capped = export_tflite(long, tmp_path / "long.tflite", ExportOptions(tables=TableOptions(compress=8)))
-    assert capped.parity.positions == VERIFY_MAX_SEQ_LEN and capped.parity.passed
+    assert capped.parity.positions == MAX_CHECKED_POSITIONS and capped.parity.passed
