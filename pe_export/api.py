@@ -12,7 +12,6 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
-    MAX_CHECKED_POSITIONS,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
@@ -132,21 +131,13 @@ class _Job:
 
     @cached_property
     def check_length(self) -> int:
-        """Sequence length for verification and int8 calibration of a dynamic-length model.
+        """Sequence length for verification and int8 calibration (see tables.pipeline.checked_length).
 
-        Every row of its position tables (up to MAX_CHECKED_POSITIONS): a rebuild that went wrong
-        at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
-        Rows added by --max-len have no reference to meet. Fixed lengths keep their own.
+        Rows added by --max-len have no reference to meet; a fixed length keeps its own.
         """
-        if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in self.specs):
-            return VERIFY_SEQ_LEN
-        prepared = self.prepared
-        if prepared is None:
-            from pe_export.tables.pipeline import TableOptions, prepare_graph
+        from pe_export.tables.pipeline import checked_length
 
-            prepared = prepare_graph(self.loaded, self.frozen, TableOptions(list_only=True))
-        length = prepared.position_length()
-        return max(VERIFY_SEQ_LEN, min(length, MAX_CHECKED_POSITIONS)) if length else VERIFY_SEQ_LEN
+        return checked_length(self.loaded, self.frozen, self.prepared) or VERIFY_SEQ_LEN
 
     @cached_property
     def bounds(self) -> dict[str, int]:

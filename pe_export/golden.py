@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -20,7 +19,6 @@ from pe_export.constants import (
     GOLDEN_SAMPLES,
     GOLDEN_SEQ_LEN,
     MAX_BATCH,
-    MAX_CHECKED_POSITIONS,
     MAX_SEQ_LEN,
 )
 from pe_export.errors import BadInputError, OutputExistsError
@@ -88,6 +86,7 @@ def make_golden(
         signature_input_specs,
         signature_output_specs,
     )
+    from pe_export.tables.pipeline import checked_length
 
     options.validate()
     saved_model, output = Path(saved_model), Path(output)
@@ -99,16 +98,17 @@ def make_golden(
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
+    frozen = FrozenSignature(signature, model_specs)  # one freeze for the table length and the input bounds
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
     seq_len = (
         options.seq_len
         or _fixed_seq_len(model_specs)
         or _user_seq_len(user_arrays)
-        or _position_table_length(loaded, signature, model_specs)
+        or checked_length(loaded, frozen)
         or GOLDEN_SEQ_LEN
     )
     specs = [_sized(spec, seq_len) for spec in model_specs]
-    bounds = input_bounds(FrozenSignature(signature, specs))
+    bounds = input_bounds(frozen)
     batches = (
         _user_batches(options.inputs, user_arrays, specs, options.batch)
         if options.inputs and user_arrays is not None
@@ -161,21 +161,6 @@ def make_golden(
         shutil.rmtree(work, ignore_errors=True)
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
     return GoldenResult(output, total, len(entries), size, digest, seq_len)
-
-
-def _position_table_length(loaded: Any, signature: Any, specs: list[TensorSpec]) -> int | None:
-    """Rows of the shortest table the model reads by position (capped at MAX_CHECKED_POSITIONS).
-
-    A bundle at 16 positions would leave rows 16 and up of an exported table unchecked on the device.
-    Relative tables index distances, not positions: they bound nothing.
-    """
-    from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import TableOptions, prepare_graph
-
-    if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in specs):
-        return None
-    length = prepare_graph(loaded, FrozenSignature(signature, specs), TableOptions(list_only=True)).position_length()
-    return min(length, MAX_CHECKED_POSITIONS) if length else None
 
 
 def _fixed_seq_len(specs: list[TensorSpec]) -> int | None:

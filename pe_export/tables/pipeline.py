@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.constants import MAX_SEQ_LEN
+from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_SEQ_LEN
 from pe_export.errors import BadInputError
 from pe_export.tables.detect import TableInfo, const_value, find_tables
 from pe_export.tables.methods import METHODS, Compressed, get_method
@@ -191,6 +191,20 @@ class PreparedGraph:
         if not self.replacements:
             return self.folded
         return splice_rebuild(self.folded, self.replacements, self.seed, target, self.prefix_only)
+
+
+def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:
+    """Positions to check a dynamic-length model over: every row of the tables it reads by position,
+    up to MAX_CHECKED_POSITIONS. None for a fixed length or without such tables.
+
+    Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
+    at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
+    """
+    if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in frozen.specs):
+        return None
+    prepared = prepared or prepare_graph(loaded, frozen, TableOptions(list_only=True))
+    length = prepared.position_length()
+    return min(length, MAX_CHECKED_POSITIONS) if length else None
 
 
 def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGraph:
