@@ -124,10 +124,13 @@ class _Job:
     options: ExportOptions
     loaded: LoadedSavedModel
     signature: str
-    specs: list[TensorSpec]
     provenance: dict[str, str]
-    frozen: FrozenSignature
+    frozen: FrozenSignature  # the signature at the export's input specs
     prepared: PreparedGraph | None = None
+
+    @property
+    def specs(self) -> list[TensorSpec]:
+        return self.frozen.specs
 
     @cached_property
     def check_length(self) -> int:
@@ -170,7 +173,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
         from pe_export.tables.pipeline import prepare_graph
 
         prepared = prepare_graph(loaded, frozen, options.tables)
-    return _Job(target, saved_model, output, options, loaded, signature_name, specs, provenance, frozen, prepared)
+    return _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:

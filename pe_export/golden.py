@@ -14,13 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pe_export import __version__
-from pe_export.constants import (
-    GOLDEN_BATCH,
-    GOLDEN_SAMPLES,
-    GOLDEN_SEQ_LEN,
-    MAX_BATCH,
-    MAX_SEQ_LEN,
-)
+from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN
 from pe_export.errors import BadInputError, OutputExistsError
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
 from pe_export.parity.bundle import (
