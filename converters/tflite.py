@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -79,12 +79,17 @@ class _GraphSource:
 
     def __init__(self, loaded: LoadedSavedModel, frozen: FrozenSignature, prepared: PreparedGraph | None) -> None:
         self.loaded, self.frozen, self.prepared = loaded, frozen, prepared
-        self.specs = frozen.specs
+
+    @cached_property
+    def _spliced(self) -> Any:
+        """The table pipeline's graph, spliced once for the first conversion and any rewrite of it."""
+        assert self.prepared is not None
+        return self.prepared.graph_def("tflite")
 
     def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
         """(GraphDef, inputs, outputs) that a rewrite starts from."""
         if self.prepared is not None:
-            return self.prepared.graph_def("tflite"), self.prepared.inputs, self.prepared.outputs
+            return self._spliced, self.prepared.inputs, self.prepared.outputs
         return self.frozen.graph()
 
     def converter(self, graph_def: Any | None) -> Any:
@@ -107,7 +112,7 @@ def _convert(
     graph: Any | None = None,
 ) -> tuple[bytes, str]:
     tf = import_tensorflow()
-    specs = source.specs
+    specs = source.frozen.specs
     converter = source.converter(graph)
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if options.quantize == "float16":
