@@ -99,3 +99,56 @@ def _int32_scalar(value: int) -> Any:
     tensor.dtype = 3
     tensor.int_val.append(value)
     return tensor
+
+
+# TFLite has ABS and SIGN for int32 (and floats) only: int64 ones become FlexAbs / FlexSign.
+INT32_ONLY_OPS = {"Abs": "FlexAbs", "Sign": "FlexSign"}
+_INT64, _INT32 = 9, 3
+
+
+def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
+    """A copy of ``graph_def`` where int64 Abs/Sign of position arithmetic run in int32; returns (graph, count).
+
+    Only where the operand provably fits: it is computed from positions (ranges, differences of
+    ranges; DeBERTa's relative-position buckets), which are bounded by a tensor dimension. The op
+    keeps its name and dtype for its consumers: Cast(int64→int32) → op → Cast(int32→int64).
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    from pe_export.tables.uses import GraphIndex, index_origin
+
+    graph = GraphIndex(graph_def)
+    targets = {
+        node.name
+        for node in graph_def.node
+        if node.op in INT32_ONLY_OPS
+        and node.attr["T"].type == _INT64
+        and index_origin(graph, node.input[0])[0] in ("range", "distance")
+    }
+    if not targets:
+        return graph_def, 0
+    rewritten = graph_pb2.GraphDef()
+    rewritten.versions.CopyFrom(graph_def.versions)
+    rewritten.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name not in targets:
+            rewritten.node.add().CopyFrom(node)
+            continue
+        narrow = _cast(rewritten.node.add(), f"{node.name}/to_int32", node.input[0], _INT64, _INT32)
+        core = rewritten.node.add()
+        core.CopyFrom(node)
+        core.name = f"{node.name}/int32"
+        del core.input[:]
+        core.input.extend([narrow.name, *[i for i in node.input[1:]]])
+        core.attr["T"].type = _INT32
+        _cast(rewritten.node.add(), node.name, core.name, _INT32, _INT64)
+    return rewritten, len(targets)
+
+
+def _cast(node: Any, name: str, source: str, from_type: int, to_type: int) -> Any:
+    node.name, node.op = name, "Cast"
+    node.input.append(source)
+    node.attr["SrcT"].type = from_type
+    node.attr["DstT"].type = to_type
+    node.attr["Truncate"].b = False
+    return node

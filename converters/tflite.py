@@ -9,7 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.graph_rewrites import SLICE_FLEX_OP, new_axis_slices_to_expand_dims
+from pe_export.converters.graph_rewrites import (
+    INT32_ONLY_OPS,
+    SLICE_FLEX_OP,
+    int64_ops_through_int32,
+    new_axis_slices_to_expand_dims,
+)
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
@@ -35,8 +40,9 @@ def convert_tflite(
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
-    Where the converter needs FlexStridedSlice, axis-inserting slices are rewritten to ExpandDims
-    and the model converted again; the notes say so.
+    Where the converter needs a Flex op that builtins can do (FlexStridedSlice for axis-inserting
+    slices, FlexAbs/FlexSign for int64 position arithmetic), the graph is rewritten and converted
+    again; the notes say so.
     """
     source = _GraphSource(loaded, frozen, prepared)
     convert = partial(_convert, source, options, calibration, quiet=quiet)
@@ -47,16 +53,18 @@ def convert_tflite(
         if not options.builtins_only:
             raise
         data, log, first_error = None, "", err
-    if data is None or SLICE_FLEX_OP in summarize_tflite_bytes(data, loaded.path).flex_ops:
-        graph, count = new_axis_slices_to_expand_dims(source.graph()[0])
-        if count:
+    flex = None if data is None else set(summarize_tflite_bytes(data, loaded.path).flex_ops)
+    if data is None or flex & REWRITABLE_FLEX_OPS:
+        graph, notes = _builtin_rewrites(source.graph()[0])
+        if notes:
             try:
                 retried, retried_log = convert(allow_flex=not options.builtins_only, graph=graph)
             except ConversionError:
                 retried = None
-            if retried is not None and SLICE_FLEX_OP not in summarize_tflite_bytes(retried, loaded.path).flex_ops:
-                note = f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as ExpandDims"
-                return retried, retried_log, [f"{note}: without it they needed {SLICE_FLEX_OP}"]
+            if retried is not None:
+                left = set(summarize_tflite_bytes(retried, loaded.path).flex_ops)
+                if data is None or len(left) < len(flex or ()):
+                    return retried, retried_log, notes
     if data is not None:
         return data, log, []
     assert first_error is not None
@@ -72,6 +80,23 @@ def convert_tflite(
         f"--builtins-only: the model needs select TF (Flex) ops {', '.join(flex)}; drop --builtins-only "
         "to export with Flex (the device then needs a Flex-linked TFLite), or replace those ops"
     ) from None
+
+
+REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
+
+
+def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:
+    """Every rewrite that turns a Flex op into builtins, applied in turn; (graph, one note per rewrite used)."""
+    notes = []
+    graph_def, count = new_axis_slices_to_expand_dims(graph_def)
+    if count:
+        notes.append(f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as "
+                     f"ExpandDims: without it they needed {SLICE_FLEX_OP}")  # fmt: skip
+    graph_def, count = int64_ops_through_int32(graph_def)
+    if count:
+        notes.append(f"{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
+                     f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}")
+    return graph_def, notes
 
 
 class _GraphSource:
@@ -139,6 +164,10 @@ def _convert(
             failure = None
     if failure is not None:
         raise ConversionError(f"TFLite converter failed: {converter_error_summary(failure)}") from failure
+    if not summarize_tflite_bytes(data, source.loaded.path).signatures:
+        # The converter falls back silently to a path that writes no SignatureDef; no runner can use that file.
+        raise ConversionError("the TFLite converter wrote no SignatureDef (its SavedModel step failed); "
+                              "this is a pe-export bug worth reporting with the model")  # fmt: skip
     return data, log.text
 
 

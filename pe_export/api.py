@@ -97,7 +97,8 @@ def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, qu
             yield generate_inputs(job.specs, job.bounds, batch=VERIFY_BATCH, seq_len=job.check_length,
                                   seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))  # fmt: skip
 
-    data, log, notes = convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet, prepared=job.prepared)
+    data, log, notes = convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet,
+                                      prepared=job.rewritten)  # fmt: skip
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
@@ -108,7 +109,7 @@ def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quie
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
-    data, log, notes = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.prepared)
+    data, log, notes = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.rewritten)
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
@@ -131,6 +132,12 @@ class _Job:
     @property
     def specs(self) -> list[TensorSpec]:
         return self.frozen.specs
+
+    @property
+    def rewritten(self) -> PreparedGraph | None:
+        """The table pipeline's graph where it rebuilds a table; else None, and the plain graph is converted
+        (a graph that rewrites nothing would only cost bytes: --compress never makes a file larger)."""
+        return self.prepared if self.prepared is not None and self.prepared.replacements else None
 
     @cached_property
     def check_length(self) -> int:
@@ -169,11 +176,19 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None
-    if options.tables.rewrites:
+    if options.tables.rewrites or folds_relative_gather(frozen):
         from pe_export.tables.pipeline import prepare_graph
 
         prepared = prepare_graph(loaded, frozen, options.tables)
     return _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
+
+
+def folds_relative_gather(frozen: FrozenSignature) -> bool:
+    """True when a fixed length would fold a relative-position gather into a T×T×d constant."""
+    from pe_export.tables.graph import relative_gathers
+
+    fixed = any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
+    return fixed and bool(relative_gathers(frozen.graph()[0]))
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:

@@ -1,15 +1,16 @@
-"""Find the position tables in a frozen, constant-folded GraphDef (TensorFlow side)."""
+"""Find the position tables in a frozen, constant-folded GraphDef, by how the graph reads them (TensorFlow side)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from pe_export.tables.sinusoid import SinusoidFit, fit_sinusoid
+from pe_export.tables.uses import KERNEL, LOOKUP, POSITION, RELATIVE, GraphIndex, uses_of
 
-POSITION_WORDS = ("position", "positional", "pos_emb", "pos_enc", "rotary", "rope", "relative")
 MIN_TABLE_ELEMENTS = 64
 _PASS_THROUGH = {"Identity", "StridedSlice", "Slice", "ExpandDims", "Reshape", "Squeeze", "GatherV2", "Cast"}
 
@@ -52,9 +53,12 @@ def find_tables(
     relatives: dict[str, np.ndarray] | None = None,
     wanted: tuple[str, ...] = (),
 ) -> list[TableInfo]:
-    """Every Const that is a position table: sinusoids by value; learned ones by name or ``wanted``."""
-    consumers = _consumers(graph_def)
-    nodes = {node.name: node for node in graph_def.node}
+    """Every Const the graph reads by position (see tables/uses.py); its kind from its values.
+
+    A constant gathered by an input (token ids) or used as a weight is never a position table,
+    whatever its name; ``wanted`` (--table NAME) forces one in.
+    """
+    graph = GraphIndex(graph_def)
     tables = []
     relatives = relatives or {}
     for node in graph_def.node:
@@ -62,51 +66,72 @@ def find_tables(
             continue
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         if node.name in relatives and len(dims) == 3:
-            tables.append(_folded_relative(node, relatives[node.name], variables))
+            tables.append(_folded_relative(node, relatives[node.name], variables, graph))
             continue
-        if not _table_shaped(dims):
+        squeezed = table_dims(dims)
+        if squeezed is None:
             continue
         value = const_value(node)
         rows = value.reshape(-1, value.shape[-1])
         # At a fixed length the slice table[:T] is folded too: match leading rows to find the origin.
         variable = _origin(rows, variables)
+        readable = variable or _scope_name(node.name, graph.consumers)
+        forced = any(w in readable or w in node.name for w in wanted)
+        uses = uses_of(graph, node.name, squeezed[0])
+        roles = {use.role for use in uses}
+        if not forced and (not roles & {POSITION, RELATIVE} or roles & {LOOKUP, KERNEL}):
+            continue  # not read by position, or a vocabulary lookup or a weight
+        if not forced and np.unique(rows[: min(len(rows), 64)]).size <= 2:
+            continue  # a 0/1 mask (causal or padding), not a table of positions
         hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
-        readable = variable or _scope_name(node.name, consumers)
-        lowered = readable.lower()
-        named = any(word in lowered for word in POSITION_WORDS) or any(w in readable for w in wanted)
         fit = fit_sinusoid(rows)
-        index = _relative_index(node.name, consumers, nodes)
         if hybrid:
             kind = "hybrid"
-        elif index is not None:
+        elif RELATIVE in roles:
             kind = "relative"
         elif fit is not None:
             kind = {"cos-cache": "rotary-cos", "sin-cache": "rotary-sin"}.get(fit.layout, f"sinusoid-{fit.layout}")
-        elif named:
-            kind = "learned"
         else:
-            continue
+            kind = "learned"
         constant = node.name in original_consts or _origin(rows, original_consts) is not None
         source = "variable" if variable else ("constant" if constant else "computed")
         info = TableInfo(node.name, readable, source, kind, tuple(value.shape), value.dtype.name, value, fit)
-        if index is not None:
-            info.notes.append(index)
+        info.notes.append(uses[0].reason if uses else "named by --table")
+        if kind == "learned" and len(squeezed) == 2 and _is_grid_with_class_token(squeezed[0]):
+            side = math.isqrt(squeezed[0] - 1)
+            info.notes.append(f"{squeezed[0]} rows: a {side}x{side} patch grid plus a class token (by its shape)")
         if fit is not None and fit.base is not None:
             info.notes.append(f"base {fit.base:g}")
-        masked_by = _masked_by(node.name, consumers, nodes)
+        masked_by = _masked_by(node.name, graph.consumers, graph.nodes)
         if masked_by:
             info.notes.append(f"multiplied by the run-time mask from {masked_by} (the mask stays)")
         tables.append(info)
     return tables
 
 
-def _folded_relative(node: Any, table: np.ndarray, variables: dict[str, np.ndarray]) -> TableInfo:
+def table_dims(dims: list[int]) -> list[int] | None:
+    """[positions, features] of a table-shaped constant ([L, d], [1, L, d], [1, L, 1, d], …), else None."""
+    if len(dims) < 2:
+        return None
+    squeezed = [d for d in dims[:-1] if d != 1] + [dims[-1]]
+    if len(squeezed) != 2:
+        return None
+    length, width = squeezed
+    return squeezed if length >= 3 and width >= 2 and length * width >= MIN_TABLE_ELEMENTS else None
+
+
+def _is_grid_with_class_token(rows: int) -> bool:
+    side = math.isqrt(rows - 1)
+    return side >= 2 and side * side == rows - 1
+
+
+def _folded_relative(node: Any, table: np.ndarray, variables: dict[str, np.ndarray], graph: GraphIndex) -> TableInfo:
     """A [T, T, d] constant that folding made from gathering a [2K+1, d] table: recover its index."""
     folded = const_value(node)
     rows = folded.reshape(-1, folded.shape[-1])
     matches = np.all(rows[:, None, :] == table[None, :, :], axis=-1)
     index = np.argmax(matches, axis=1).reshape(folded.shape[:2]).astype(np.int32)
-    name = _origin(table, variables) or _readable(node.name)
+    name = _origin(table, variables) or _scope_name(node.name, graph.consumers)
     info = TableInfo(node.name, name, "computed", "relative", tuple(folded.shape), folded.dtype.name, folded)
     info.relative = (table, index) if matches.any(axis=1).all() else None
     t = folded.shape[0]
@@ -146,12 +171,6 @@ def _readable(name: str) -> str:
     return name
 
 
-def _table_shaped(dims: list[int]) -> bool:
-    if len(dims) == 3 and dims[0] == 1:
-        dims = dims[1:]
-    return len(dims) == 2 and dims[0] >= 3 and dims[1] >= 2 and dims[0] * dims[1] >= MIN_TABLE_ELEMENTS
-
-
 def _origin(rows: np.ndarray, candidates: dict[str, np.ndarray]) -> str | None:
     """The candidate whose leading rows are exactly ``rows`` ([L, d] or a folded slice of it)."""
     for name, array in candidates.items():
@@ -159,28 +178,6 @@ def _origin(rows: np.ndarray, candidates: dict[str, np.ndarray]) -> str | None:
         if table is not None and table.shape[1] == rows.shape[1] and table.shape[0] >= rows.shape[0]:
             if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):
                 return name
-    return None
-
-
-def _consumers(graph_def: Any) -> dict[str, list[tuple[Any, int]]]:
-    result: dict[str, list[tuple[Any, int]]] = {}
-    for node in graph_def.node:
-        for position, source in enumerate(node.input):
-            result.setdefault(source.split(":")[0].lstrip("^"), []).append((node, position))
-    return result
-
-
-def _relative_index(name: str, consumers: dict, nodes: dict) -> str | None:
-    """A Shaw table is gathered by a [T, T] integer index of clipped distances."""
-    for consumer, position in consumers.get(name, []):
-        if consumer.op in ("GatherV2", "ResourceGather") and position == 0:
-            index = nodes.get(consumer.input[1].split(":")[0])
-            if index is not None and index.op == "Const":
-                dims = [d.size for d in index.attr["value"].tensor.tensor_shape.dim]
-                if len(dims) == 2 and dims[0] == dims[1] and dims[0] > 1:
-                    return f"gathered by a {dims[0]}x{dims[1]} index constant ({dims[0] * dims[1] * 4:,} B)"
-            elif index is not None and index.op in ("AddV2", "Add", "ClipByValue", "Maximum", "Minimum"):
-                return "gathered by a T×T index of clipped distances computed at run time"
     return None
 
 

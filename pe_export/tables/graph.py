@@ -109,27 +109,24 @@ def _through_identity(nodes: dict[str, Any], name: str) -> Any:
 
 
 def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
-    """Gathers of a [2K+1, d] table by computed indices (Shaw relative positions): node → table.
+    """Gathers of a [R, d] table by a distance index (Shaw relative positions): node → table.
 
     At a fixed length constant folding turns such a gather into a [T, T, d] constant, far
     larger than the table and its T×T index together; these are undone in the rewrite.
     """
     from pe_export.tables.detect import const_value
+    from pe_export.tables.uses import GATHER_OPS, GraphIndex, index_origin
 
-    nodes = {node.name: node for node in graph_def.node}
-
-    def source(name: str) -> Any:
-        return _through_identity(nodes, name)
-
+    graph = GraphIndex(graph_def)
     found = {}
     for node in graph_def.node:
-        if node.op not in ("GatherV2", "ResourceGather") or len(node.input) < 2:
+        if node.op not in GATHER_OPS or len(node.input) < 2:
             continue
-        params, indices = source(node.input[0]), source(node.input[1])
-        if params is None or params.op != "Const" or indices is None or indices.op == "Const":
+        params = _through_identity(graph.nodes, node.input[0])
+        if params is None or params.op != "Const":
             continue
         dims = [d.size for d in params.attr["value"].tensor.tensor_shape.dim]
-        if len(dims) == 2 and dims[0] >= 3 and dims[0] % 2 == 1:
+        if len(dims) == 2 and dims[0] >= 3 and index_origin(graph, node.input[1])[0] == "distance":
             found[node.name] = const_value(params)
     return found
 
@@ -249,6 +246,7 @@ class Store:
 def concrete_from_graph_def(graph_def: Any, inputs: dict[str, str], outputs: dict[str, str]) -> tuple[Any, Any]:
     """(concrete function, trackable holding it) over a GraphDef, inputs and outputs by user-facing names."""
     tf = import_tensorflow()
+    graph_def = without_custom_gradients(graph_def)
 
     def load() -> None:
         tf.compat.v1.import_graph_def(graph_def, name="")
@@ -270,3 +268,21 @@ def concrete_from_graph_def(graph_def: Any, inputs: dict[str, str], outputs: dic
     holder = tf.Module()
     holder.serve = function  # the TFLite converter writes a signature only for a tracked function
     return function.get_concrete_function(), holder
+
+
+def without_custom_gradients(graph_def: Any) -> Any:
+    """A copy without custom-gradient markers (keras-hub's RoPE and others carry them).
+
+    The TFLite converter saves a concrete function as a SavedModel to write its SignatureDef; a
+    custom gradient whose function captures a tensor makes that save fail, and the converter then
+    silently falls back to a path that writes no signature. An export never needs gradients.
+    """
+    marked = [node for node in graph_def.node if "_gradient_op_type" in node.attr]
+    if not marked:
+        return graph_def
+    result = type(graph_def)()
+    result.CopyFrom(graph_def)
+    for node in result.node:
+        if "_gradient_op_type" in node.attr:
+            del node.attr["_gradient_op_type"]
+    return result

@@ -87,13 +87,19 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
                 f"{table.name}: learned table stretched from {length} to {options.max_len} rows by linear "
                 "interpolation — an approximation, not what the model was trained with"
             )
+    if table.relative is not None:
+        # A gather folded into a T×T×d constant: the table and its index are stored instead whenever
+        # they are smaller, asked or not (nothing is lost, and the file shrinks).
+        planned = _plan_relative(table)
+        if planned.bytes_after < table.nbytes:
+            return planned
+        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
     within_budget = options.compress is not None and rows.shape[1] <= options.compress
     plain_otherwise = options.method == "auto" and options.table_dtype == "float32" and target is rows
-    if not options.rewrites or (within_budget and plain_otherwise):
-        # Nothing asked, or the table already stores no more than K values per position.
+    if not options.rewrites or (within_budget and plain_otherwise) or table.kind in POSITIONLESS_KINDS:
+        # Nothing asked, the table already stores no more than K values per position, or it is a
+        # relative table read by distance (small: 2K+1 rows), which is kept as it is.
         return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
-    if table.relative is not None:
-        return _plan_relative(table)
     method = options.method
     if method == "auto":
         method = _auto_method(target, table, options)
@@ -246,7 +252,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
-    if options.list_only or not options.rewrites:
+    if options.list_only:
         return PreparedGraph(folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables])
     results = [plan_table(table, options) for table in tables]
     for result in results:

@@ -1,0 +1,282 @@
+"""How a frozen graph reads a constant: the evidence that makes a table a position table.
+
+A table is a position table because of what the graph does with it, never because of its name:
+gathered by position ids (a range, a cumulative sum of the mask, constant ids 0…n-1), sliced by rows
+from row 0, broadcast-added to (or multiplied into) the hidden states along their sequence axis, or
+gathered by a distance index (relative). A gather by a graph input (token or segment ids) is a
+vocabulary lookup, and a constant that enters a MatMul or an Einsum as its weight is a kernel: neither
+is ever a position table. Names only break ties (a gather by an input called ``position_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+POSITION, RELATIVE, LOOKUP, KERNEL = "position", "relative", "lookup", "kernel"
+GATHER_OPS = frozenset({"GatherV2", "ResourceGather", "Gather"})
+# Ops that only re-view or copy a tensor: its rows stay its rows.
+VIEW_OPS = frozenset({"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "BroadcastTo", "Tile", "Bitcast"})
+WEIGHT_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv1D"})
+ELEMENTWISE_BINARY = frozenset({"Add", "AddV2", "Mul", "Sub"})
+# Integer index arithmetic that keeps what an index means (offsets, clipping, negative-index wrap).
+_INDEX_KEEPS = frozenset({
+    "Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "BroadcastTo", "Tile", "Add", "AddV2",
+    "Minimum", "Maximum", "ClipByValue", "SelectV2", "Select", "Mul", "FloorMod", "Pack", "ConcatV2",
+})  # fmt: skip
+# Index arithmetic applied to a difference of positions: relative-position buckets (T5, DeBERTa).
+_DISTANCE_KEEPS = frozenset({"Abs", "Sign", "Neg", "Log", "Floor", "Ceil", "Round", "RealDiv", "Div", "FloorDiv",
+                             "Less", "Greater", "LessEqual", "GreaterEqual", "LogicalAnd", "LogicalOr"})  # fmt: skip
+_MAX_DEPTH = 24
+POSITION_INPUT_WORDS = ("position", "pos_id", "positions")
+
+
+@dataclass(frozen=True)
+class Use:
+    """One reading of a constant: what it makes the constant, and where."""
+
+    role: str  # POSITION, RELATIVE, LOOKUP or KERNEL
+    reason: str  # "sliced from row 0 to the sequence length at node …"
+
+
+def node_name(reference: str) -> str:
+    return reference.split(":")[0].lstrip("^")
+
+
+def short(name: str) -> str:
+    """A node name without the call wrappers that inlining puts in front of it."""
+    parts = [p for p in name.split("/") if p != "StatefulPartitionedCall"]
+    return "/".join(parts) or name
+
+
+class GraphIndex:
+    """Nodes, consumers and (lazily) static shapes of one GraphDef."""
+
+    def __init__(self, graph_def: Any) -> None:
+        self.graph_def = graph_def
+        self.nodes = {node.name: node for node in graph_def.node}
+        self.consumers: dict[str, list[tuple[Any, int]]] = {}
+        for node in graph_def.node:
+            for position, source in enumerate(node.input):
+                if not source.startswith("^"):
+                    self.consumers.setdefault(node_name(source), []).append((node, position))
+
+    def source(self, reference: str) -> Any:
+        return self.nodes.get(node_name(reference))
+
+    @cached_property
+    def _graph(self) -> Any:
+        from pe_export.native import import_tensorflow
+
+        tf = import_tensorflow()
+        with tf.Graph().as_default() as graph:
+            tf.compat.v1.import_graph_def(self.graph_def, name="")
+        return graph
+
+    def shape(self, reference: str) -> list[int | None] | None:
+        """The static shape of a tensor (None where unknown)."""
+        name = reference if ":" in reference else reference + ":0"
+        try:
+            shape = self._graph.get_tensor_by_name(name.lstrip("^")).shape
+        except (KeyError, ValueError):
+            return None
+        return None if shape.rank is None else shape.as_list()
+
+    @cached_property
+    def runtime(self) -> set[str]:
+        """Nodes whose value depends on a graph input (computed at run time)."""
+        result: set[str] = set()
+        order = _topological(self.graph_def, self.nodes)
+        for node in order:
+            if node.op == "Placeholder" or any(node_name(i) in result for i in node.input if not i.startswith("^")):
+                result.add(node.name)
+        return result
+
+    def const_value(self, reference: str) -> np.ndarray | None:
+        node = self.source(reference)
+        while node is not None and node.op == "Identity":
+            node = self.source(node.input[0])
+        if node is None or node.op != "Const":
+            return None
+        from pe_export.tables.detect import const_value
+
+        return const_value(node)
+
+
+def _topological(graph_def: Any, nodes: dict[str, Any]) -> list[Any]:
+    done: set[str] = set()
+    order: list[Any] = []
+    for start in graph_def.node:
+        stack = [(start, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node.name in done:
+                continue
+            if expanded:
+                done.add(node.name)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for reference in node.input:
+                source = nodes.get(node_name(reference))
+                if source is not None and source.name not in done:
+                    stack.append((source, False))
+    return order
+
+
+def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
+    """Where gather indices come from: ("input", name), ("range", how), ("distance", how) or ("other", op).
+
+    Walks back through index arithmetic; a graph input wins over a range (token ids offset by a
+    constant are still token ids), a difference of two position sources makes a distance.
+    """
+    found: dict[str, str] = {}
+
+    def walk(reference: str, depth: int) -> str | None:
+        node = graph.source(reference)
+        if node is None or depth > _MAX_DEPTH:
+            return None
+        if node.op == "Placeholder":
+            found.setdefault("input", node.name)
+            return "input"
+        if node.op in ("Range", "Cumsum"):
+            how = "a range" if node.op == "Range" else "a cumulative sum (position ids counted from the mask)"
+            found.setdefault("range", how)
+            return "range"
+        if node.op == "Const":
+            value = graph.const_value(node.name)
+            if value is None or not np.issubdtype(value.dtype, np.integer) or value.size < 2:
+                return None
+            rows = value.reshape(-1, value.shape[-1])
+            if np.all(rows == np.arange(value.shape[-1])[None, :]):
+                found.setdefault("range", f"constant position ids 0…{value.shape[-1] - 1}")
+                return "range"
+            if value.ndim >= 2 and value.shape[-1] == value.shape[-2] > 1:  # one index per (query, key) pair
+                found.setdefault("distance", f"a {value.shape[-2]}x{value.shape[-1]} constant index")
+                return "distance"
+            return None
+        if node.op == "Sub":
+            sides = [walk(i, depth + 1) for i in node.input[:2]]
+            if sides == ["range", "range"]:
+                found.setdefault("distance", "a difference of positions")
+                return "distance"
+            return next((s for s in sides if s is not None), None)
+        if node.op in _INDEX_KEEPS or node.op in _DISTANCE_KEEPS:
+            sides = [walk(i, depth + 1) for i in node.input if not i.startswith("^")]
+            for kind in ("input", "distance", "range"):
+                if kind in sides:
+                    return kind
+            return None
+        if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose"):
+            return walk(node.input[0], depth + 1)
+        found.setdefault("other", node.op)
+        return None
+
+    kind = walk(reference, 0)
+    for key in ("input", "distance", "range"):
+        if key in found and (kind == key or kind is None or key == "input"):
+            return key, found[key]
+    return "other", found.get("other", "unknown")
+
+
+def uses_of(graph: GraphIndex, name: str, rows: int) -> list[Use]:
+    """Every reading of Const ``name`` (a table of ``rows`` positions) that says what it is."""
+    result: list[Use] = []
+    frontier = [(name, 0)]
+    seen = set()
+    while frontier:
+        current, depth = frontier.pop()
+        if current in seen or depth > 8:
+            continue
+        seen.add(current)
+        for consumer, position in graph.consumers.get(current, []):
+            use = _direct_use(graph, consumer, position, rows)
+            if use is not None:
+                result.append(use)
+            elif consumer.op in VIEW_OPS and position == 0:
+                frontier.append((consumer.name, depth + 1))
+            elif consumer.op in ELEMENTWISE_BINARY and consumer.name not in graph.runtime:
+                frontier.append((consumer.name, depth + 1))  # scaled or offset by another constant
+    if not result:
+        relative = _projected_then_gathered_by_distance(graph, name)
+        if relative is not None:
+            result.append(relative)
+    return result
+
+
+def _direct_use(graph: GraphIndex, consumer: Any, position: int, rows: int) -> Use | None:
+    at = f"at node {short(consumer.name)}"
+    if consumer.op in GATHER_OPS and position == 0:
+        axis = graph.const_value(consumer.input[2]) if consumer.op == "GatherV2" and len(consumer.input) > 2 else 0
+        if axis is not None and int(np.asarray(axis).reshape(-1)[0]) != 0:
+            return None
+        origin, how = index_origin(graph, consumer.input[1])
+        if origin == "input":
+            if any(word in how.lower() for word in POSITION_INPUT_WORDS):
+                return Use(POSITION, f"gathered by input {how} (named as position ids) {at}")
+            return Use(LOOKUP, f"looked up by input {how} {at}")
+        if origin == "range":
+            return Use(POSITION, f"gathered by {how} {at}")
+        if origin == "distance":
+            return Use(RELATIVE, f"gathered by a distance index ({how}) {at}")
+        return None
+    if consumer.op in ("Slice", "StridedSlice") and position == 0:
+        begin = graph.const_value(consumer.input[1])
+        if begin is None or begin.size == 0 or np.any(begin.reshape(-1) != 0):
+            return None
+        end = "a run-time end" if graph.const_value(consumer.input[2]) is None else "a fixed end"
+        return Use(POSITION, f"sliced from row 0 to {end} {at}")
+    if consumer.op in WEIGHT_OPS:
+        # The second operand is the weight (Keras Dense/EinsumDense); the first is data, followed elsewhere.
+        return Use(KERNEL, f"weight of {consumer.op} {at}") if position == 1 else None
+    if consumer.op in ELEMENTWISE_BINARY and consumer.name in graph.runtime:
+        other = consumer.input[1 - position] if len(consumer.input) == 2 else None
+        if other is None or node_name(other) not in graph.runtime:
+            return None
+        return _broadcast_use(graph, consumer, consumer.input[position], rows)
+    return None
+
+
+def _broadcast_use(graph: GraphIndex, consumer: Any, table: str, rows: int) -> Use | None:
+    """A table added to (or multiplied into) activations along their sequence axis: broadcasting from
+    the right puts the table's row axis on an inner axis (not the batch, not the features) of that size."""
+    mine, out = graph.shape(table), graph.shape(consumer.name)
+    if mine is None or out is None or len(out) < 3 or len(mine) > len(out):
+        return None
+    axis = next((i for i, size in enumerate(mine[:-1]) if size == rows), None)
+    if axis is None:
+        return None
+    mapped = len(out) - len(mine) + axis
+    if not 1 <= mapped < len(out) - 1 or out[mapped] not in (rows, None):
+        return None
+    verb = "added to" if consumer.op in ("Add", "AddV2") else ("multiplied into" if consumer.op == "Mul" else "used by")
+    return Use(POSITION, f"{verb} run-time activations along their sequence axis ({rows} positions) "
+                         f"at node {short(consumer.name)}")  # fmt: skip
+
+
+def _projected_then_gathered_by_distance(graph: GraphIndex, name: str) -> Use | None:
+    """DeBERTa: the relative table is normalised and projected, then the attention scores it makes are
+    gathered by bucketed distances. Follow the data to such a gather; a weight input ends the search."""
+    frontier, seen = [(name, 0, True)], set()
+    while frontier:
+        current, depth, view = frontier.pop()
+        if current in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(current)
+        for consumer, position in graph.consumers.get(current, []):
+            if consumer.op in WEIGHT_OPS and view and position == 1:
+                return None  # the constant itself (or a view of it) is a weight
+            if consumer.op in GATHER_OPS:
+                if position != 0:
+                    continue
+                origin, how = index_origin(graph, consumer.input[1])
+                if origin == "distance":
+                    return Use(RELATIVE, f"projected, then gathered by a distance index ({how}) "
+                                         f"at node {short(consumer.name)}")  # fmt: skip
+                if origin == "input":
+                    return None
+            frontier.append((consumer.name, depth + 1, view and consumer.op in VIEW_OPS))
+    return None
