@@ -28,6 +28,11 @@ class TableOptions:
     allow_lossy: bool = False
     names: tuple[str, ...] = ()  # --table NAME: also treat these as learned position tables
     list_only: bool = False
+    # auto takes a lossy method only when the table's own error stays within this (the export
+    # precision's atol, set by the API); tables named in ``keep`` stay as they are (an auto choice
+    # that the end-to-end check then refused).
+    lossy_atol: float = 0.0
+    keep: tuple[str, ...] = ()
 
     @property
     def rewrites(self) -> bool:
@@ -100,9 +105,17 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
         # Nothing asked, the table already stores no more than K values per position, or it is a
         # relative table read by distance (small: 2K+1 rows), which is kept as it is.
         return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
+    if table.node in options.keep:
+        kept = TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
+        kept.notes["kept:"] = "a lossy auto choice broke the export's tolerance (see the note)"
+        return kept
     method = options.method
     if method == "auto":
         method = _auto_method(target, table, options)
+        if method == "svd" and not options.allow_lossy:
+            trial = _lossy_trial(table, target, reference, options)
+            if trial is not None:
+                return trial
     compressed = get_method(method).plan(target, table.fit, options.compress if method != "none" else None)
     if compressed is None:
         why = "it is not a sinusoid" if method == "angle" and table.fit is None else "it does not fit the budget"
@@ -144,6 +157,27 @@ def _plan_relative(table: TableInfo) -> TableResult:
     error = float(np.max(np.abs(rebuilt - table.value)))
     return TableResult(table, "gather", True, table.nbytes, compressed.stored_bytes(4), error, table.shape[0],
                        compressed=compressed)  # fmt: skip
+
+
+def _lossy_trial(
+    table: TableInfo, target: np.ndarray, reference: np.ndarray, options: TableOptions
+) -> TableResult | None:
+    """auto with no exact method in the budget: the SVD at the budget is taken only when the table's own
+    error stays within ``lossy_atol``; otherwise the table is kept and the trade-off reported."""
+    plan = get_method("svd").plan(target, table.fit, options.compress)
+    if plan is None:
+        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, target.shape[0],
+                           notes={"kept:": f"no method fits {options.compress} values per position"})  # fmt: skip
+    error = float(np.max(np.abs(plan.rebuild(np.arange(target.shape[0]), plan.arrays) - reference)))
+    if error <= options.lossy_atol:
+        return None  # within the precision's tolerance: take it (the export's parity check confirms)
+    bytes_after = plan.stored_bytes(np.dtype(options.table_dtype).itemsize)
+    rank, energy = plan.notes["rank"], plan.notes["energy_kept"]
+    return TableResult(
+        table, "kept", True, table.nbytes, table.nbytes, 0.0, target.shape[0],
+        notes={"kept:": f"svd rank {rank} would store {bytes_after:,} B, keep {energy:.1%} of the energy and err "
+                       f"{error:.3g} (over atol {options.lossy_atol:g}); --compress-method svd --allow-lossy takes it"},
+    )  # fmt: skip
 
 
 def _auto_method(target: np.ndarray, table: TableInfo, options: TableOptions) -> str:

@@ -242,7 +242,7 @@ def _direct_use(graph: GraphIndex, consumer: Any, position: int, rows: int) -> U
 
 def _broadcast_use(graph: GraphIndex, consumer: Any, table: str, rows: int) -> Use | None:
     """A table added to (or multiplied into) activations along their sequence axis: broadcasting from
-    the right puts the table's row axis on an inner axis (not the batch, not the features) of that size."""
+    the right puts the table's row axis on axis 1 of the result, which has that many positions."""
     mine, out = graph.shape(table), graph.shape(consumer.name)
     if mine is None or out is None or len(out) < 3 or len(mine) > len(out):
         return None
@@ -250,7 +250,9 @@ def _broadcast_use(graph: GraphIndex, consumer: Any, table: str, rows: int) -> U
     if axis is None:
         return None
     mapped = len(out) - len(mine) + axis
-    if not 1 <= mapped < len(out) - 1 or out[mapped] not in (rows, None):
+    # Activations are [batch, sequence, …, features]: the rows must land on axis 1. A [heads, head_dim]
+    # bias lands on the heads axis of [B, T, H, d], a [T, T] mask on the key axis: neither is a table.
+    if mapped != 1 or out[mapped] not in (rows, None):
         return None
     verb = "added to" if consumer.op in ("Add", "AddV2") else ("multiplied into" if consumer.op == "Mul" else "used by")
     return Use(POSITION, f"{verb} run-time activations along their sequence axis ({rows} positions) "
