@@ -35,12 +35,24 @@ def test_without_positions_it_is_near_chance() -> None:
 
 
 def test_training_is_deterministic() -> None:
-    """Retraining in a fresh process reproduces the shipped weights bit for bit."""
+    """Retraining in two fresh processes gives the same weights bit for bit, and the task is learnt.
+
+    Bit-identity with the shipped weights holds only on a CPU whose kernels round like the one that
+    trained them: on an AVX-512 AMD EPYC the retrained weights differ from the shipped ones by up to
+    0.028 (training amplifies the last-bit differences), with the same task accuracy. So the shipped
+    digest is reported, not required; determinism is checked where the test runs.
+    """
     with np.load(task.WEIGHTS, allow_pickle=False) as archive:
         shipped = task.weights_digest([archive[key] for key in sorted(archive.files)])
-    retrained = subprocess.run(
-        [sys.executable, "-m", "pe_export.reference.task", "--check"], capture_output=True, text=True, timeout=600,
-        check=False,
-    )  # fmt: skip
-    assert retrained.returncode == 0, retrained.stderr[-2000:]
-    assert f"weights sha256 {shipped}" in retrained.stdout, retrained.stdout
+    digests = []
+    for _ in range(2):
+        retrained = subprocess.run(
+            [sys.executable, "-m", "pe_export.reference.task", "--check"], capture_output=True, text=True,
+            timeout=600, check=False,
+        )  # fmt: skip
+        assert retrained.returncode == 0, retrained.stderr[-2000:]
+        assert "task accuracy 1.0000" in retrained.stdout, retrained.stdout
+        digests.append(retrained.stdout.rsplit("weights sha256 ", 1)[-1].strip())
+    assert digests[0] == digests[1], digests
+    verdict = "same" if digests[0] == shipped else "trained on another CPU"
+    print(f"retrained weights sha256 {digests[0]}; shipped {shipped} ({verdict})")
