@@ -127,8 +127,10 @@ def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, q
             yield generate_inputs(job.specs, job.bounds, batch=VERIFY_BATCH, seq_len=job.check_length,
                                   seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))  # fmt: skip
 
-    data, log, notes = convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet,
-                                      prepared=job.rewritten)  # fmt: skip
+    data, log, notes = _no_larger_than_plain(
+        job, lambda prepared: convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet,
+                                             prepared=prepared),
+    )  # fmt: skip
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
@@ -139,12 +141,30 @@ def _export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, qui
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
-    data, log, notes = convert_onnx(job.frozen, options, quiet=quiet, prepared=job.rewritten)
+    data, log, notes = _no_larger_than_plain(
+        job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared)
+    )
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
     summary = summarize_onnx_model(model, Path(output), len(data))
     return _finish(job, data, summary, log, notes)
+
+
+def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str]]:
+    """Convert with the rebuilt tables; where auto chose the rewrite and the file came out no smaller than
+    the plain export (small tables: the rebuild's ops outweigh the bytes saved), write the plain one."""
+    data, log, notes = convert(job.rewritten)
+    if job.rewritten is None or job.options.tables.method != "auto":
+        return data, log, notes
+    plain, plain_log, plain_notes = convert(None)
+    if len(plain) > len(data):
+        return data, log, notes
+    assert job.prepared is not None
+    job.prepared.results = [result.kept("the rebuild made the file larger") for result in job.prepared.results]
+    note = (f"--compress: with the tables rebuilt the file was {len(data):,} B, plain {len(plain):,} B (the rebuild's "
+            "ops outweigh the table bytes saved): the plain file is written")  # fmt: skip
+    return plain, plain_log, [*plain_notes, note]
 
 
 @dataclass

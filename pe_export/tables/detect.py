@@ -120,6 +120,11 @@ def table_dims(dims: list[int]) -> list[int] | None:
     return squeezed if length >= 3 and width >= 2 and length * width >= MIN_TABLE_ELEMENTS else None
 
 
+def position_axis(shape: tuple[int, ...] | list[int]) -> int:
+    """The axis of a table-shaped constant that holds its positions: the first one (not the features) over 1."""
+    return next((axis for axis, size in enumerate(shape[:-1]) if size != 1), len(shape) - 2)
+
+
 def _is_grid_with_class_token(rows: int) -> bool:
     side = math.isqrt(rows - 1)
     return side >= 2 and side * side == rows - 1

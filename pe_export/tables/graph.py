@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from pe_export.native import import_tensorflow
+from pe_export.tables.detect import position_axis
 from pe_export.tables.methods import Compressed
 from pe_export.tables.sinusoid import fit_sinusoid
 
@@ -193,7 +194,8 @@ def splice_rebuild(
                 store = Store(tf, compressed.arrays, storage, target, zero)
                 if node_name in prefix_only:
                     positions = tf.range(tf.minimum(rows, sequence_length), dtype=tf.int32) + zero
-                    shape = (*shape[:-2], -1, shape[-1])
+                    axis = position_axis(shape)
+                    shape = (*shape[:axis], -1, *shape[axis + 1 :])
                 else:
                     positions = tf.range(rows, dtype=tf.int32) + zero
                 rebuilt = compressed.emit(tf, positions, store)

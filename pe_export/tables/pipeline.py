@@ -10,7 +10,7 @@ import numpy as np
 
 from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_SEQ_LEN
 from pe_export.errors import BadInputError
-from pe_export.tables.detect import TableInfo, const_value, find_tables
+from pe_export.tables.detect import TableInfo, const_value, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
 
@@ -72,6 +72,11 @@ class TableResult:
     notes: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     compressed: Compressed | None = field(default=None, repr=False)
+
+    def kept(self, why: str) -> TableResult:
+        """This table as left in the file after all: stored as it was."""
+        table = self.table
+        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, self.rows, notes={"kept:": why})
 
     @property
     def ratio(self) -> float:
@@ -297,7 +302,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         if result.compressed is None:
             continue
         shape = list(result.table.shape)
-        shape[-2] = result.rows
+        shape[position_axis(shape)] = result.rows
         replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
     seed_tensor = next(iter(inputs))
     seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
