@@ -135,6 +135,25 @@ def hybrid(seq_len: int | None) -> Any:
     return _encoder(seq_len, lambda x, _: HybridPositions(name="hybrid_position_encoding")(x))
 
 
+def hybrid_separate(seq_len: int | None) -> Any:
+    """The source write-up's hybrid layer: inputs + fixed[:, :T] + learnable[:, :T], two slices added in turn.
+    At a fixed length folding merges them into one constant, which must still read as a hybrid."""
+    tf, layers = _tf_layers()
+
+    class SeparateHybrid(layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.fixed = tf.constant(sinusoid_table(MAX_LEN, WIDTH)[None].astype("float32"))
+            self.learnable = self.add_weight(
+                name="learnable_pe", shape=(1, MAX_LEN, WIDTH), initializer="random_normal"
+            )
+
+        def call(self, x: Any) -> Any:
+            length = tf.shape(x)[1]
+            return x + self.fixed[:, :length, :] + self.learnable[:, :length, :]
+
+    return _encoder(seq_len, lambda x, _: SeparateHybrid(name="positional_encoding")(x))
+
+
 def masked(seq_len: int | None) -> Any:
     """Padding-masked encoding: the table is multiplied by the run-time attention mask."""
     tf, layers = _tf_layers()
@@ -200,6 +219,7 @@ VARIANTS: dict[str, tuple[Callable[[int | None], Any], tuple[str, ...]]] = {
     "sinusoid_computed": (sinusoid_computed, ("sinusoid-halves",)),
     "learned": (learned, ("learned",)),
     "hybrid": (hybrid, ("hybrid",)),
+    "hybrid_separate": (hybrid_separate, ("hybrid",)),
     "masked": (masked, ("sinusoid-interleaved",)),
     "relative": (relative, ("relative",)),
     "rotary": (rotary, ("rotary-cos", "rotary-sin")),

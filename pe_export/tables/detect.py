@@ -83,8 +83,10 @@ def find_tables(
             continue  # not read by position, or a vocabulary lookup or a weight
         if not forced and np.unique(rows[: min(len(rows), 64)]).size <= 2:
             continue  # a 0/1 mask (causal or padding), not a table of positions
-        hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
         fit = fit_sinusoid(rows)
+        hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
+        offset = None if hybrid or fit is not None or variable else _sinusoid_plus_variable(rows, variables)
+        hybrid = hybrid or offset is not None
         if hybrid:
             kind = "hybrid"
         elif RELATIVE in roles:
@@ -100,6 +102,8 @@ def find_tables(
         if kind == "learned" and len(squeezed) == 2 and _is_grid_with_class_token(squeezed[0]):
             side = math.isqrt(squeezed[0] - 1)
             info.notes.append(f"{squeezed[0]} rows: a {side}x{side} patch grid plus a class token (by its shape)")
+        if offset is not None:
+            info.notes.append(f"a sinusoid plus {offset}, folded into one constant")
         if fit is not None and fit.base is not None:
             info.notes.append(f"base {fit.base:g}")
         masked_by = _masked_by(node.name, graph.consumers, graph.nodes)
@@ -118,6 +122,29 @@ def table_dims(dims: list[int]) -> list[int] | None:
         return None
     length, width = squeezed
     return squeezed if length >= 3 and width >= 2 and length * width >= MIN_TABLE_ELEMENTS else None
+
+
+def _sinusoid_plus_variable(rows: np.ndarray, variables: dict[str, np.ndarray]) -> str | None:
+    """A folded constant that is a sinusoid plus a scaled learned offset: "scale × variable", else None.
+
+    Row 0 of a sinusoid is 0 (sine columns) or 1 (cosine columns), interleaved or in halves: that
+    fixes the scale by least squares; the remainder must then fit a sinusoid.
+    """
+    length, width = rows.shape
+    patterns = [np.tile([0.0, 1.0], width // 2), np.repeat([0.0, 1.0], width // 2)] if width % 2 == 0 else []
+    for name, array in variables.items():
+        table = array.reshape(-1, array.shape[-1]) if array.ndim >= 2 else None
+        if table is None or table.shape[1] != width or table.shape[0] < length:
+            continue
+        offset = table[:length].astype(np.float64)
+        denominator = float(offset[0] @ offset[0])
+        if denominator == 0.0:
+            continue
+        for pattern in patterns:
+            scale = float((rows[0] - pattern) @ offset[0]) / denominator
+            if abs(scale) > 1e-6 and fit_sinusoid(rows - scale * offset) is not None:
+                return f"{scale:.4g} × {name}"
+    return None
 
 
 def position_axis(shape: tuple[int, ...] | list[int]) -> int:

@@ -19,6 +19,7 @@ EXPORTS = {"tflite": (export_tflite, litert_outputs), "onnx": (export_onnx, onnx
 DYNAMIC_KINDS = {  # at a dynamic length, tables computed from range(T) stay computations, not tables
     "sinusoid_computed": (),
     "rotary": (),
+    "hybrid_separate": ("learned", "sinusoid-interleaved"),  # two tables, each sliced; folded into one when fixed
 }
 TABLE_BYTES_512 = 512 * 512 * 4
 
