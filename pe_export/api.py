@@ -155,8 +155,9 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
     """Convert with the rebuilt tables; where auto chose the rewrite and the file came out no smaller than
     the plain export (small tables: the rebuild's ops outweigh the bytes saved), write the plain one."""
     data, log, notes = convert(job.rewritten)
-    if job.rewritten is None or job.options.tables.method != "auto":
-        return data, log, notes
+    tables = job.options.tables
+    if job.rewritten is None or tables.method != "auto" or tables.max_len is not None:
+        return data, log, notes  # a method asked by name, or --max-len (rows the plain file lacks)
     plain, plain_log, plain_notes = convert(None)
     if len(plain) > len(data):
         return data, log, notes
