@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from pe_export.converters.onnx_quantize import JudgeFeeds
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra
@@ -32,10 +30,13 @@ def convert_onnx(
     *,
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
+    judge: JudgeFeeds | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at its input specs. Returns (serialized model, captured log, notes).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
+    ``judge`` gives the inputs (and valid masks) that dynamic int8 must meet the export's tolerance on,
+    against the float model; without it every quantizable node is quantized.
     """
     tf2onnx = _import_tf2onnx()
     if prepared is None:
@@ -73,7 +74,7 @@ def convert_onnx(
     if options.quantize == "float16":
         model = _to_float16(model)
     elif options.quantize == "dynamic-int8":
-        model = _dynamic_int8(model)
+        model = _dynamic_int8(model, options, judge, notes)
     if options.quantize != "none":
         check_onnx_model(model, f"{options.quantize} model")
     data = model.SerializeToString()
@@ -147,20 +148,13 @@ def _to_float16(model: Any) -> Any:
     return model
 
 
-def _dynamic_int8(model: Any) -> Any:
-    onnx = import_onnx()
+def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
     try:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from pe_export.converters.onnx_quantize import quantize_to_target
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
-    with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
-        source, target = Path(work) / "float.onnx", Path(work) / "int8.onnx"
-        onnx.save(model, str(source))
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on every call
-        try:
-            quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
-        return onnx.load(str(target))
+    feeds, valid = judge() if judge is not None else ([], [])
+    outcome = quantize_to_target(model, feeds, options.tolerance, valid)
+    if feeds:
+        notes.extend(outcome.notes())
+    return outcome.model

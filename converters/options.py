@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
@@ -14,8 +14,10 @@ from pe_export.constants import (
     TFLITE_QUANTIZE_MODES,
 )
 from pe_export.errors import BadInputError
+from pe_export.parity.tolerances import Tolerance, tolerance_for
 from pe_export.specs import TensorSpec
 from pe_export.tables.pipeline import TableOptions
+from pe_export.text_inputs import TextInputs
 
 BATCH_AXIS, SEQUENCE_AXIS = 0, 1
 
@@ -32,6 +34,8 @@ class ExportOptions:
     verify: bool = True
     overwrite: bool = False
     tables: TableOptions = field(default_factory=TableOptions)  # find / compress / retarget position tables
+    text: TextInputs | None = None  # --text FILE (--tokenizer): real inputs to verify, calibrate and judge on
+    min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
 
     @property
     def precision(self) -> str:
@@ -41,8 +45,16 @@ class ExportOptions:
             return "fp16"
         return precision
 
+    @property
+    def tolerance(self) -> Tolerance:
+        """The tolerance the file is judged at: the precision's, with --min-cosine where given."""
+        tolerance = tolerance_for(self.precision)
+        return tolerance if self.min_cosine is None else replace(tolerance, min_cosine=self.min_cosine)
+
     def validate(self, target: str) -> None:
         self.tables.validate()
+        if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
+            raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
         modes = TFLITE_QUANTIZE_MODES if target == "tflite" else ONNX_QUANTIZE_MODES
         if self.quantize not in modes:
             raise BadInputError(

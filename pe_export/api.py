@@ -123,6 +123,13 @@ def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, q
     job = _prepare("tflite", Path(saved_model), Path(output), options)
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
+        if options.text is not None:  # real text: each line its own sample, at its own length
+            feeds, valid = job.check_feeds()
+            feed, rows = feeds["text"], valid["text"]
+            for row in range(rows.shape[0]):
+                length = int(rows[row].sum()) if job.specs[0].shape[1] is None else rows.shape[1]
+                yield {name: array[row : row + 1, :length] for name, array in feed.items()}
+            return
         for seed in range(CALIBRATION_SAMPLES):
             yield generate_inputs(job.specs, job.bounds, batch=VERIFY_BATCH, seq_len=job.check_length,
                                   seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))  # fmt: skip
@@ -141,9 +148,14 @@ def _export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, qui
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
+    def judge() -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None]]:
+        feeds, valid = job.check_feeds()
+        return list(feeds.values()), [valid[case] for case in feeds]
+
     data, log, notes = _no_larger_than_plain(
-        job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared)
-    )
+        job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared,
+                                           judge=judge if options.verify else None),
+    )  # fmt: skip
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
@@ -199,6 +211,16 @@ class _Job:
         from pe_export.tables.pipeline import checked_length
 
         return checked_length(self.loaded, self.frozen, self.prepared) or VERIFY_SEQ_LEN
+
+    def check_feeds(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """The inputs a file is judged on (verification, the int8 target): --text when given, which then
+        stands for the distribution that matters; else generated full-length and padded rows."""
+        if self.options.text is None:
+            return verification_feeds(self.specs, self.bounds, self.check_length)
+        from pe_export.text_inputs import text_feed
+
+        feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.source, self.check_length)
+        return {"text": feed}, {"text": valid}
 
     @cached_property
     def bounds(self) -> dict[str, int]:
@@ -300,9 +322,10 @@ def verify_export(job: _Job, runner_name: str) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
     precision = job.options.precision
-    feeds, valid = verification_feeds(job.specs, job.bounds, job.check_length)
+    feeds, valid = job.check_feeds()
+    tolerance = job.options.tolerance
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, job.output) as candidate:
         return compare_runners(
-            reference, candidate, feeds, precision=precision, tolerance=tolerance_for(precision), valid=valid
+            reference, candidate, feeds, precision=precision, tolerance=tolerance, valid=valid
         )

@@ -35,6 +35,7 @@ from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
 from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
 from pe_export.tables.pipeline import COMPRESS_METHODS, TABLE_DTYPES, TableOptions
+from pe_export.text_inputs import TextInputs
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 VERBOSE_FLAGS = ("--verbose", "-v")
@@ -62,6 +63,12 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
             click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
+            click.option("--text", type=click.Path(path_type=Path), default=None,
+                         help="Verify (and calibrate or judge int8) on these sentences, one per line."),
+            click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+                         help="tokenizer.json for --text (default: beside or inside the SavedModel)."),
+            click.option("--min-cosine", type=float, default=None,
+                         help="Ask more than the precision's cosine (the check, and what int8 must reach)."),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option("--compress", type=int, default=None, help="Store at most K values per position in tables."),
             click.option("--compress-method", type=click.Choice(list(COMPRESS_METHODS)), default="auto",
@@ -93,6 +100,8 @@ def _export_options(**values: Any) -> Any:
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
         verify=not values["no_verify"],
         overwrite=values["overwrite"],
+        min_cosine=values["min_cosine"],
+        text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
         tables=TableOptions(
             compress=values["compress"],
             method=values["compress_method"],

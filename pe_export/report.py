@@ -58,6 +58,21 @@ def format_parity(result: ParityResult) -> list[str]:
                 f"{m.cosine:>10.7f}  {'yes' if m.within_tolerance else 'NO'}"
                 + (f"  (NaN {m.nan_count}, Inf {m.inf_count})" if m.nan_count or m.inf_count else "")
             )
+    lines.extend(_task_lines([m for case in result.cases for m in case.outputs], "    "))
+    return lines
+
+
+def _task_lines(outputs: list[Any], indent: str) -> list[str]:
+    """Task-level agreement: worst mean-pooled row cosine for hidden states, argmax agreement for logits."""
+    pooled: dict[str, float] = {}
+    argmax: dict[str, float] = {}
+    for m in outputs:
+        if m.pooled_cosine is not None:
+            pooled[m.name] = min(pooled.get(m.name, 1.0), m.pooled_cosine)
+        if m.argmax_agreement is not None:
+            argmax[m.name] = min(argmax.get(m.name, 1.0), m.argmax_agreement)
+    lines = [f"{indent}task level: {name} mean-pooled rows, worst cosine {value:.7f}" for name, value in pooled.items()]
+    lines += [f"{indent}task level: {name} argmax agreement {value:.4f}" for name, value in argmax.items()]
     return lines
 
 
@@ -87,6 +102,7 @@ def format_parity_report(report: ParityReport) -> list[str]:
             f"{m.violations:>9}  {tol.atol:>7g} {tol.rtol:>7g}  {'yes' if m.within_tolerance else 'NO'}"
             + (f"  NaN {m.nan_count} Inf {m.inf_count}" if m.nan_count or m.inf_count else "")
         )
+    lines.extend(_task_lines(report.outputs, "  "))
     for m in report.outputs:
         if m.position_max_abs:
             lines.append(f"  {m.name} by position: {_profile_line(m.position_max_abs)}")

@@ -15,6 +15,12 @@ from pe_export.specs import TensorSpec
 # Ops that pass integer indices through unchanged on the way to an embedding lookup.
 _INDEX_PASSTHROUGH_OPS = {"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"}
 _GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
+# Index arithmetic that keeps an id an id, by input position: keras-hub wraps negative ids as
+# SelectV2(ids < 0, ids + rows, ids), and offsets or clips them.
+_INDEX_KEEPING_OPS = {
+    "SelectV2": (1, 2), "Select": (1, 2), "Add": (0, 1), "AddV2": (0, 1),
+    "Minimum": (0, 1), "Maximum": (0, 1), "ClipByValue": (0,),
+}  # fmt: skip
 
 
 def is_savedmodel_dir(path: Path) -> bool:
@@ -168,10 +174,15 @@ def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, in
             seen.add(current)
             for node, position in consumers.get(current, []):
                 if node.op in _GATHER_OPS and position == 1:
-                    rows = _const_rows(nodes.get(node.input[0].split(":")[0]))
+                    table = nodes.get(node.input[0].split(":")[0])
+                    while table is not None and table.op == "Identity":  # a frozen variable read
+                        table = nodes.get(table.input[0].split(":")[0])
+                    rows = _const_rows(table)
                     if rows:
                         bounds[name] = min(bounds.get(name, rows), rows)
-                elif node.op in _INDEX_PASSTHROUGH_OPS and position == 0:
+                elif (node.op in _INDEX_PASSTHROUGH_OPS and position == 0) or position in _INDEX_KEEPING_OPS.get(
+                    node.op, ()
+                ):
                     frontier.append(node.name)
     return bounds
 

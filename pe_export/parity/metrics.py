@@ -37,6 +37,9 @@ class OutputMetrics:
     position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
     task_accuracy: float | None = None  # arg-max against the bundle's labels (where it has them)
     reference_accuracy: float | None = None  # the float32 reference's own, on the same labels
+    # Task level for hidden states [batch, seq, d] with real padding: the worst row's cosine of the
+    # mean over its valid positions (a sentence embedding, as mean-pooling encoders use them).
+    pooled_cosine: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +68,7 @@ class OutputAccumulator:
         self.position_max: np.ndarray | None = None
         self.samples = 0
         self.labelled = self.correct = self.reference_correct = 0
+        self.pooled_worst: float | None = None
 
     def update(
         self,
@@ -112,6 +116,14 @@ class OutputAccumulator:
             per_position = np.where(finite, error, 0.0).reshape(a.shape[0], a.shape[1], -1).max(axis=(0, 2))
             per_position = np.where(valid.any(axis=0), per_position, np.nan)
             self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
+        if sequence_mask and a.ndim == 3 and not self.argmax:
+            weights = valid[:, :, None].astype(np.float64)
+            count = np.maximum(weights.sum(axis=1), 1.0)
+            pooled_a, pooled_e = (a * weights).sum(axis=1) / count, (e * weights).sum(axis=1) / count
+            norms = np.linalg.norm(pooled_a, axis=1) * np.linalg.norm(pooled_e, axis=1)
+            rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norms, _TINY)
+            worst = float(np.min(np.where(np.isfinite(rows), rows, -1.0)))
+            self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)
         if labels is not None:
             counted = labels >= 0
             if valid is not None and labels.shape == valid.shape:
@@ -150,6 +162,7 @@ class OutputAccumulator:
             position_max_abs=None if self.position_max is None else tuple(float(x) for x in self.position_max),
             task_accuracy=self.correct / self.labelled if self.labelled else None,
             reference_accuracy=self.reference_correct / self.labelled if self.labelled else None,
+            pooled_cosine=self.pooled_worst,
         )
 
 

@@ -70,5 +70,8 @@ def test_exports_plain_and_compressed_within_fp32(family: str, target: str, fami
         sizes[label] = output.stat().st_size
         print(f"{family} {target} {label}: {sizes[label]:,} B, max abs {max(errors):.2g}")
     if sizes:
-        # --compress never makes a file larger than the plain export (metadata records the options).
-        assert sizes["compress 64"] <= sizes["plain"] + 512, sizes
+        # --compress never makes a file larger than the plain export. tf2onnx's generated node names make
+        # two conversions of the same graph differ by a few hundred bytes (measured: 153,237 / 153,518 /
+        # 153,439 B for three plain exports of one model), so ONNX gets that much room; TFLite none.
+        noise = 0.005 * sizes["plain"] if target == "onnx" else 0
+        assert sizes["compress 64"] <= sizes["plain"] + noise, sizes

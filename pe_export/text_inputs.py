@@ -1,0 +1,108 @@
+"""Real inputs from text: lines of a file tokenized with the model's tokenizer.json (numpy + tokenizers).
+
+Generated token ids are uniform over the vocabulary; a trained encoder sees a very different
+distribution, and int8 ranges or a lossy table judged on random ids say little about real text.
+Which input takes the token ids is read from the model: the integer input that indexes the largest
+table (the vocabulary); a mask input gets 1 on real tokens, every other integer input 0 (segment 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pe_export.errors import BadInputError, missing_extra
+from pe_export.inputs import is_mask_input
+from pe_export.specs import TensorSpec
+
+TOKENIZER_FILE = "tokenizer.json"
+MAX_TEXT_LINES = 4096
+
+
+@dataclass(frozen=True)
+class TextInputs:
+    """``--text FILE`` with the tokenizer to read it (default: tokenizer.json beside or inside the model)."""
+
+    text: Path
+    tokenizer: Path | None = None
+
+    def tokenizer_path(self, saved_model: Path) -> Path:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        for candidate in (saved_model / TOKENIZER_FILE, saved_model / "assets" / TOKENIZER_FILE,
+                          saved_model.parent / TOKENIZER_FILE):  # fmt: skip
+            if candidate.is_file():
+                return candidate
+        raise BadInputError(
+            f"--text needs the model's tokenizer: no {TOKENIZER_FILE} in {saved_model}, its assets/ or its folder; "
+            "pass --tokenizer PATH/tokenizer.json"
+        )
+
+
+def read_lines(path: Path) -> list[str]:
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInputError(f"--text {path} cannot be read as UTF-8 text ({err.__class__.__name__}); "
+                            "expected one sentence per line") from None  # fmt: skip
+    lines = [line for line in lines if line]
+    if not lines:
+        raise BadInputError(f"--text {path} has no non-empty line; expected one sentence per line")
+    if len(lines) > MAX_TEXT_LINES:
+        raise BadInputError(f"--text {path} has {len(lines):,} lines; at most {MAX_TEXT_LINES:,} are read")
+    return lines
+
+
+def text_feed(
+    specs: list[TensorSpec], bounds: dict[str, int], inputs: TextInputs, saved_model: Path, max_len: int | None
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(feed, valid [rows, length]): every line one row, padded to the longest (or the model's fixed length)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise missing_extra("tokenizers", "text") from err
+    path = inputs.tokenizer_path(saved_model)
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises its own Exception type for bad JSON
+        raise BadInputError(f"--tokenizer {path} is not a tokenizers JSON file ({str(err)[:120]})") from None
+    tokenizer.no_padding()  # a tokenizer.json may pad to 128 by default: each sentence then is mostly padding
+    integer = [spec for spec in specs if spec.is_integer and len(spec.shape) >= 2]
+    if not integer:
+        raise BadInputError("--text: the model has no integer [batch, sequence] input to take token ids")
+    tokens = max((s for s in integer if not is_mask_input(s)), key=lambda s: bounds.get(s.name, 0), default=None)
+    if tokens is None:
+        raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
+    fixed = tokens.shape[1]
+    limit = fixed or max_len
+    encoded = [tokenizer.encode(line).ids for line in read_lines(inputs.text)]
+    if limit is not None:
+        encoded = [ids[:limit] for ids in encoded]
+    length = fixed or max(len(ids) for ids in encoded)
+    vocabulary = bounds.get(tokens.name)
+    high = max(max(ids, default=0) for ids in encoded)
+    if vocabulary is not None and high >= vocabulary:
+        raise BadInputError(
+            f"--tokenizer {path} gives token id {high}, but the model's {tokens.name!r} table has {vocabulary} "
+            "rows; is it this model's tokenizer.json?"
+        )
+    pad = tokenizer.token_to_id("[PAD]") or tokenizer.token_to_id("<pad>") or 0
+    ids = np.full((len(encoded), length), pad, dtype=np.int64)
+    valid = np.zeros((len(encoded), length), dtype=bool)
+    for row, sequence in enumerate(encoded):
+        ids[row, : len(sequence)] = sequence
+        valid[row, : len(sequence)] = True
+    feed = {}
+    for spec in specs:
+        if spec.name == tokens.name:
+            array = ids
+        elif is_mask_input(spec):
+            array = valid.astype(np.int64)
+        elif spec.is_integer:
+            array = np.zeros_like(ids)
+        else:
+            raise BadInputError(f"--text: the model also takes float input {spec.name!r}; give it with --inputs")
+        feed[spec.name] = array.astype(np.dtype(spec.dtype))
+    return feed, valid
