@@ -112,8 +112,8 @@ def quantize_to_target(
             high, best = middle, (middle, trial)
         else:
             low = middle + 1
-    if best is None:  # only keeping every node passes: say so, and return the closest quantized model
-        kept = ranked[: len(ranked) - 1]
+    if best is None:  # only keeping every node in float passes: nothing is left quantized, and the note says so
+        kept = ranked
         model_kept, cosine, passed = judge(kept)
     else:
         count, (model_kept, cosine, passed) = best

@@ -217,8 +217,13 @@ class _Job:
         stands for the distribution that matters; else generated full-length and padded rows."""
         if self.options.text is None:
             return verification_feeds(self.specs, self.bounds, self.check_length)
+        return self.text_case
+
+    @cached_property
+    def text_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
         from pe_export.text_inputs import text_feed
 
+        assert self.options.text is not None
         feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.source, self.check_length)
         return {"text": feed}, {"text": valid}
 
@@ -254,7 +259,10 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
 
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
-    return _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
+    job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
+    if options.text is not None:
+        _ = job.text_case  # a bad --text or tokenizer is refused before any conversion
+    return job
 
 
 def folds_relative_gather(frozen: FrozenSignature) -> bool:

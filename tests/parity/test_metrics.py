@@ -49,3 +49,17 @@ def test_cosine_gate() -> None:
 def test_unknown_precision() -> None:
     with pytest.raises(BadInputError, match="expected one of: fp32, fp16, int8"):
         tolerance_for("bf16")
+
+
+def test_pooled_cosine_is_the_worst_row_over_its_valid_positions() -> None:
+    rng = np.random.default_rng(1)
+    expected = rng.standard_normal((2, 4, 8))
+    actual = expected.copy()
+    actual[1, 0] += 0.5  # row 1, a valid position
+    actual[0, 3] += 100.0  # row 0, a padded position: must not count
+    valid = np.array([[True, True, True, False], [True, True, True, True]])
+    metrics = compare_output("sequence_output", actual, expected, FP32_TOLERANCE, valid)
+    pooled_a, pooled_e = actual[1].mean(axis=0), expected[1].mean(axis=0)
+    want = pooled_a @ pooled_e / np.linalg.norm(pooled_a) / np.linalg.norm(pooled_e)
+    assert metrics.pooled_cosine == pytest.approx(want, abs=1e-12) and want < 0.999
+    assert compare_output("logits", actual, expected, FP32_TOLERANCE, valid).pooled_cosine is None  # a class axis

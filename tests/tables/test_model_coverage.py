@@ -75,3 +75,36 @@ def test_exports_plain_and_compressed_within_fp32(family: str, target: str, fami
         # 153,439 B for three plain exports of one model), so ONNX gets that much room; TFLite none.
         noise = 0.005 * sizes["plain"] if target == "onnx" else 0
         assert sizes["compress 64"] <= sizes["plain"] + noise, sizes
+
+
+def test_input_bounds_follow_keras_hub_id_wrapping(family_model) -> None:
+    """keras-hub wraps negative ids (SelectV2(ids < 0, ids + rows, ids)) before its lookups: the bounds
+    must still come through, or verification would feed ids 0-1 only."""
+    from pe_export.savedmodel import FrozenSignature, input_bounds, load_savedmodel, signature_input_specs
+
+    loaded = load_savedmodel(family_model("bert"))
+    signature = loaded.signature(None)
+    bounds = input_bounds(FrozenSignature(signature, signature_input_specs(signature)))
+    assert bounds == {"token_ids": 100, "segment_ids": 2}, bounds
+
+
+def test_rope_backbone_at_dynamic_length_keeps_its_signature(family_model, tmp_path: Path,
+                                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The ExpandDims retry used to write no SignatureDef here (keras-hub's RoPE carries custom gradients)."""
+    result = run_cli(capfd, "tflite", family_model("llama"), "-o", tmp_path / "m.tflite", "--builtins-only")
+    assert result.exit_code == 0, result.stderr
+    assert "converted as ExpandDims" in result.stdout and "signature serving_default" in result.stdout
+
+
+def test_compress_weighs_svd_on_a_learned_table_and_keeps_it(family_model, tmp_path: Path,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A random-init 64x128 table is full rank: SVD within 64 values per position errs far over the fp32
+    atol, so auto keeps the table and says what SVD would have cost; the export passes (exit 0)."""
+    result = run_cli(capfd, "tflite", family_model("bert"), "-o", tmp_path / "m.tflite", "--compress", "64")
+    assert result.exit_code == 0, result.stderr
+    match = re.search(r"kept: svd rank (\d+) would store ([\d,]+) B, keep ([\d.]+)% of the energy and err ([\d.e-]+)",
+                      result.stdout)  # fmt: skip
+    assert match, result.stdout
+    rank, stored, energy, error = int(match[1]), int(match[2].replace(",", "")), float(match[3]), float(match[4])
+    assert rank == 64 * 64 // (64 + 128) and stored == rank * (64 + 128) * 4
+    assert energy < 90 and error > FP32_ATOL

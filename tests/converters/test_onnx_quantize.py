@@ -1,0 +1,24 @@
+"""Accuracy-driven dynamic int8 for ONNX: every node quantized when that meets the target, the most
+sensitive ones kept in float when it does not, each step measured in onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pe_export.api import export_onnx
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+
+
+def test_int8_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
+    model = saved_model("encoder_dynamic")
+    default = export_onnx(model, tmp_path / "default.onnx", ExportOptions(quantize="dynamic-int8"))
+    strict = export_onnx(model, tmp_path / "strict.onnx", ExportOptions(quantize="dynamic-int8", min_cosine=0.99999))
+    default_note = next(n for n in default.notes if n.startswith("int8:"))
+    strict_note = next(n for n in strict.notes if n.startswith("int8:"))
+    print(default_note, default.parity.min_cosine, "|", strict_note, strict.parity.min_cosine)
+    assert default.exit_code == ExitCode.OK and "all 3 quantizable nodes quantized" in default_note
+    assert default.parity.min_cosine < 0.99999  # what the strict target must correct
+    assert strict.exit_code == ExitCode.OK and strict.parity.tolerance.min_cosine == 0.99999
+    assert "1 of 3 quantizable nodes kept in float" in strict_note and strict.parity.min_cosine >= 0.99999
+    assert default.summary.file_bytes < strict.summary.file_bytes  # the float node costs bytes

@@ -1,0 +1,80 @@
+"""--text: exports verified on real sentences tokenized with the model's tokenizer.json, with the
+task-level line (worst mean-pooled row cosine); bad tokenizers and files are one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_one_line_error, run_cli
+
+tokenizers = pytest.importorskip("tokenizers", reason="--text needs tokenizers (pip install -e '.[dev]')")
+
+
+def write_tokenizer(path: Path, size: int) -> Path:
+    """A word-level tokenizer.json: [PAD]=0, [UNK]=1, words w2 … w{size-1}."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, size)}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.fixture
+def sentences(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    lines = [" ".join(f"w{i}" for i in rng.integers(2, 64, size=length)) for length in (5, 12, 9, 20)]
+    path = tmp_path / "sentences.txt"
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    return path
+
+
+def test_export_is_verified_on_the_sentences(saved_model, sentences: Path, tmp_path: Path,
+                                             capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    model = saved_model("encoder_multi_io")  # token ids, attention mask and segment ids
+    result = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--text", sentences,
+                     "--tokenizer", tokenizer)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("text ")]
+    assert {row[1] for row in rows} == {"pooled_output", "sequence_output"}, result.stdout
+    assert all(float(row[2]) <= 1e-4 for row in rows), rows
+    assert "20 positions" in result.stdout  # padded to the longest sentence, not to the table
+    task = next(line for line in result.stdout.splitlines() if "mean-pooled rows" in line)
+    assert float(task.rsplit(" ", 1)[1]) > 0.99999, task
+
+
+def test_text_feed_masks_padding_and_takes_ids_for_the_vocabulary_input(tmp_path: Path, sentences: Path) -> None:
+    from pe_export.specs import TensorSpec
+    from pe_export.text_inputs import TextInputs, text_feed
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    specs = [TensorSpec("attention_mask", "int32", (None, None)), TensorSpec("segment_ids", "int32", (None, None)),
+             TensorSpec("token_ids", "int32", (None, None))]  # fmt: skip
+    feed, valid = text_feed(specs, {"token_ids": 64, "segment_ids": 2}, TextInputs(sentences, tokenizer), tmp_path, 16)
+    assert valid.sum(axis=1).tolist() == [5, 12, 9, 16]  # the 20-word line truncated to 16
+    assert feed["token_ids"].shape == (4, 16) and (feed["token_ids"][~valid] == 0).all()
+    assert (feed["attention_mask"] == valid).all() and not feed["segment_ids"].any()
+
+
+def test_a_tokenizer_for_another_vocabulary_is_one_line(saved_model, sentences: Path, tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 200)
+    lines = sentences.read_text().replace("w5 ", "w150 ")
+    sentences.write_text(lines + "w199\n")
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "m.tflite",
+                     "--text", sentences, "--tokenizer", tokenizer)  # fmt: skip
+    assert_one_line_error(result, 2, "gives token id 199", "table has 64 rows", "tokenizer.json")
+    assert not (tmp_path / "m.tflite").exists()
+
+
+def test_text_without_a_tokenizer_is_one_line(saved_model, sentences: Path, tmp_path: Path,
+                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    result = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", tmp_path / "m.onnx", "--text", sentences)
+    assert_one_line_error(result, 2, "--text needs the model's tokenizer", "--tokenizer")
