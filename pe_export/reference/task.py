@@ -10,6 +10,7 @@ LayerNorm, dropout.
 
     python -m pe_export.reference.task           # retrain deterministically, rewrite the weights file
     python -m pe_export.reference.task --check   # retrain, print accuracy and digest, write nothing
+    python -m pe_export.reference.task --learned # the same with a learned position table
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ BLOCKS, HEADS, FFN, DROPOUT = 2, 2, 64, 0.1
 TRAIN_SAMPLES, TEST_SAMPLES, EPOCHS, BATCH, LEARNING_RATE = 8000, 1000, 6, 64, 3e-3
 TRAIN_SEED, TEST_SEED = 1, 2
 WEIGHTS = Path(__file__).with_name("data") / "shift_task.weights.npz"
+# The same encoder with a learned [TABLE_LEN, WIDTH] table instead of the sinusoid: only the rows the
+# task reaches (0…SEQ_LEN-1) are trained, the rest keep their initial values, as in a real model.
+LEARNED_WEIGHTS = Path(__file__).with_name("data") / "shift_task_learned.weights.npz"
+TABLES = {"sinusoid": WEIGHTS, "learned": LEARNED_WEIGHTS}
 LABEL_OUTPUT = "logits"
 
 
@@ -40,7 +45,7 @@ def task_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return tokens, labels
 
 
-def build_task_model(positions: bool = True) -> Any:
+def build_task_model(positions: bool = True, table_kind: str = "sinusoid") -> Any:
     import keras
     import tensorflow as tf
     from keras import layers
@@ -56,9 +61,24 @@ def build_task_model(positions: bool = True) -> Any:
             mask = tf.expand_dims(tf.cast(token_ids > 0, tf.float32), -1)
             return embedded + rows * mask
 
+    class MaskedLearned(layers.Layer):
+        """Adds a learned table (BERT-style), zeroed at padding (token id 0)."""
+
+        def build(self, input_shape: Any) -> None:
+            self.embeddings = self.add_weight(
+                name="embeddings", shape=(TABLE_LEN, WIDTH), initializer=keras.initializers.RandomNormal(stddev=0.02)
+            )
+
+        def call(self, embedded: Any, token_ids: Any) -> Any:
+            rows = self.embeddings[None, : tf.shape(embedded)[1]]
+            mask = tf.expand_dims(tf.cast(token_ids > 0, tf.float32), -1)
+            return embedded + rows * mask
+
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     x = layers.Embedding(VOCAB, WIDTH, name="token_embedding")(token_ids)
-    if positions:
+    if positions and table_kind == "learned":
+        x = MaskedLearned(name="position_embedding")(x, token_ids)
+    elif positions:
         x = MaskedSinusoid(name="position_encoding")(x, token_ids)
     x = layers.LayerNormalization(epsilon=1e-6)(x)
     x = layers.Dropout(DROPOUT)(x)
@@ -71,13 +91,13 @@ def build_task_model(positions: bool = True) -> Any:
     return keras.Model(token_ids, {LABEL_OUTPUT: logits})
 
 
-def train(positions: bool = True, epochs: int = EPOCHS) -> Any:
+def train(positions: bool = True, epochs: int = EPOCHS, table_kind: str = "sinusoid") -> Any:
     """Deterministic: fixed seeds, op determinism, one thread pool order."""
     import keras
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    model = build_task_model(positions)
+    model = build_task_model(positions, table_kind)
     model.compile(
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
         loss={LABEL_OUTPUT: keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -106,8 +126,8 @@ def weights_digest(weights: list[np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def load_trained_model(path: Path = WEIGHTS) -> Any:
-    model = build_task_model(positions=True)
+def load_trained_model(path: Path = WEIGHTS, table_kind: str = "sinusoid") -> Any:
+    model = build_task_model(positions=True, table_kind=table_kind)
     with np.load(path, allow_pickle=False) as archive:
         model.set_weights([archive[key] for key in sorted(archive.files)])
     return model
@@ -117,10 +137,11 @@ if __name__ == "__main__":
     from pe_export.native import import_tensorflow
 
     import_tensorflow()
-    trained = train()
+    kind = "learned" if "--learned" in sys.argv else "sinusoid"
+    trained = train(table_kind=kind)
     tokens, labels = task_data(TEST_SAMPLES, TEST_SEED)
     score = accuracy(trained.predict(tokens, verbose=0)[LABEL_OUTPUT], labels)
     if "--check" in sys.argv:
         print(f"task accuracy {score:.4f}; weights sha256 {weights_digest(trained.get_weights())}")
     else:
-        print(f"task accuracy {score:.4f}; weights sha256 {save_weights(trained)} → {WEIGHTS}")
+        print(f"task accuracy {score:.4f}; weights sha256 {save_weights(trained, TABLES[kind])} → {TABLES[kind]}")

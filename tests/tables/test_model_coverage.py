@@ -70,12 +70,22 @@ def test_exports_plain_and_compressed_within_fp32(family: str, target: str, fami
         sizes[label] = output.stat().st_size
         print(f"{family} {target} {label}: {sizes[label]:,} B, max abs {max(errors):.2g}")
     if sizes:
-        # --compress never makes a file larger than the plain export. tf2onnx's generated node names make
-        # two conversions of the same graph differ by a few hundred bytes (measured: 153,237 / 153,518 /
-        # 153,439 B for three plain exports of one model), so ONNX gets that much room; TFLite none.
-        noise = 0.005 * sizes["plain"] if target == "onnx" else 0
-        assert sizes["compress 64"] <= sizes["plain"] + noise, sizes
+        # --compress never makes a file larger than the plain export. For ONNX the stored data is compared:
+        # tf2onnx numbers the names it generates with a process-wide counter, so a later conversion of the
+        # same graph in one process has longer names (measured: +1,075 B of 181,268).
+        if target == "onnx":
+            sizes = {label: stored_bytes(tmp_path / f"{label.replace(' ', '_')}.onnx") for label in sizes}
+        assert sizes["compress 64"] <= sizes["plain"], sizes
 
+
+def stored_bytes(path: Path) -> int:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return sum(numpy_helper.to_array(i).nbytes for i in model.graph.initializer) + sum(
+        numpy_helper.to_array(a.t).nbytes for n in model.graph.node for a in n.attribute if a.type == a.TENSOR
+    )
 
 def test_input_bounds_follow_keras_hub_id_wrapping(family_model) -> None:
     """keras-hub wraps negative ids (SelectV2(ids < 0, ids + rows, ids)) before its lookups: the bounds
