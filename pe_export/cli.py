@@ -223,13 +223,17 @@ def inspect(path: Path, signature: str | None) -> int:
     default=None,
     help="Task labels for --inputs (.npz by output name; class ids, -1 = ignore).",
 )
+@click.option("--text", type=click.Path(path_type=Path), default=None, help="Sentences, one per line, as the inputs.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="tokenizer.json for --text (default: beside or inside the SavedModel).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
-def golden(saved_model: Path, output: Path, **values: Any) -> int:
+def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path | None, **values: Any) -> int:
     """Write a golden bundle: representative inputs and SAVED_MODEL's float32 outputs."""
     from pe_export.golden import GoldenOptions, make_golden
 
-    result = make_golden(saved_model, output, GoldenOptions(**values))
+    sentences = None if text is None else TextInputs(text, tokenizer)
+    result = make_golden(saved_model, output, GoldenOptions(**values, text=sentences))
     click.echo(
         f"OK: wrote {result.path} ({result.samples} samples of {result.seq_len} positions in {result.batches} "
         f"batches, {result.bytes:,} B, "

@@ -30,6 +30,7 @@ from pe_export.parity.bundle import (
 )
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.specs import TensorSpec, concrete_shape
+from pe_export.text_inputs import TextInputs, text_feed
 
 MAX_SAMPLES = 1_000_000
 
@@ -44,10 +45,13 @@ class GoldenOptions:
     inputs: Path | None = None  # user inputs (.npz keyed by input name, samples on axis 0)
     labels: Path | None = None  # task labels (.npz keyed by output name, class ids, -1 = ignore); with inputs
     overwrite: bool = False
+    text: TextInputs | None = None  # sentences tokenized with the model's tokenizer.json, as the inputs
 
     def validate(self) -> None:
         if self.labels is not None and self.inputs is None:
             raise BadInputError("--labels needs --inputs: labels are only meaningful for inputs you chose")
+        if self.text is not None and self.inputs is not None:
+            raise BadInputError("--text and --inputs both give the inputs; pass one of them")
         for flag, value, maximum in (
             ("--samples", self.samples, MAX_SAMPLES),
             ("--batch", self.batch, MAX_BATCH),
@@ -101,13 +105,18 @@ def make_golden(
         or checked_length(loaded, frozen)
         or GOLDEN_SEQ_LEN
     )
-    specs = [_sized(spec, seq_len) for spec in model_specs]
     bounds = input_bounds(frozen)
-    batches = (
-        _user_batches(options.inputs, user_arrays, specs, options.batch)
-        if options.inputs and user_arrays is not None
-        else _generated_batches(specs, bounds, options, seq_len)
-    )
+    text = None
+    if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
+        text = text_feed(model_specs, bounds, options.text, saved_model, checked_length(loaded, frozen))
+        seq_len = text[1].shape[1]
+    specs = [_sized(spec, seq_len) for spec in model_specs]
+    if text is not None:
+        batches = _rows_in_batches(*text, options.batch)
+    elif options.inputs and user_arrays is not None:
+        batches = _user_batches(options.inputs, user_arrays, specs, options.batch)
+    else:
+        batches = _generated_batches(specs, bounds, options, seq_len)
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
     labels = _user_labels(options.labels, output_specs, user_arrays) if options.labels else {}
     reference = SavedModelRunner(saved_model, signature=options.signature, loaded=loaded)
@@ -129,7 +138,7 @@ def make_golden(
                 entries.append({"file": name, "samples": samples, "sha256": file_sha256(work / name)})
                 total += samples
                 if progress:
-                    progress(total, options.samples if not options.inputs else total)
+                    progress(total, options.samples if not (options.inputs or text) else total)
         digest = savedmodel_digest(saved_model)
         manifest = {
             "format": BUNDLE_FORMAT,
@@ -203,6 +212,13 @@ def _user_labels(
                 f"got {array.dtype}{list(array.shape)}"
             )
     return {name: array.astype(np.int64) for name, array in arrays.items()}
+
+
+def _rows_in_batches(
+    feed: dict[str, np.ndarray], valid: np.ndarray, batch: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    for start in range(0, valid.shape[0], batch):
+        yield {name: array[start : start + batch] for name, array in feed.items()}, valid[start : start + batch]
 
 
 def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:

@@ -78,3 +78,20 @@ def test_text_without_a_tokenizer_is_one_line(saved_model, sentences: Path, tmp_
                                               capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     result = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", tmp_path / "m.onnx", "--text", sentences)
     assert_one_line_error(result, 2, "--text needs the model's tokenizer", "--tokenizer")
+
+
+def test_golden_bundle_from_sentences(saved_model, sentences: Path, tmp_path: Path,
+                                      capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    model = saved_model("encoder_multi_io")
+    made = run_cli(capfd, "golden", model, "-o", tmp_path / "golden", "--text", sentences, "--tokenizer", tokenizer,
+                   "--batch", "3")  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    assert "4 samples of 20 positions in 2 batches" in made.stdout, made.stdout
+    exported = run_cli(capfd, "onnx", model, "-o", tmp_path / "m.onnx", "--no-verify")
+    assert exported.exit_code == 0, exported.stderr
+    checked = run_cli(capfd, "parity", tmp_path / "m.onnx", tmp_path / "golden")
+    assert checked.exit_code == 0, (checked.stdout, checked.stderr)
+    assert "mean-pooled rows, worst cosine" in checked.stdout
+    both = run_cli(capfd, "golden", model, "-o", tmp_path / "g2", "--text", sentences, "--inputs", sentences)
+    assert_one_line_error(both, 2, "--text and --inputs")
