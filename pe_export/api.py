@@ -200,7 +200,8 @@ class _Job:
     def rewritten(self) -> PreparedGraph | None:
         """The table pipeline's graph where it rebuilds a table; else None, and the plain graph is converted
         (a graph that rewrites nothing would only cost bytes: --compress never makes a file larger)."""
-        return self.prepared if self.prepared is not None and self.prepared.replacements else None
+        prepared = self.prepared
+        return prepared if prepared is not None and (prepared.replacements or prepared.unfolded) else None
 
     @cached_property
     def check_length(self) -> int:
@@ -266,7 +267,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
 
 
 def folds_relative_gather(frozen: FrozenSignature) -> bool:
-    """True when a fixed length would fold a relative-position gather into a T×T×d constant."""
+    """True when a fixed length would let the converters fold a relative-position gather into a T×T×d constant."""
     from pe_export.tables.graph import relative_gathers
 
     fixed = any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)

@@ -194,6 +194,36 @@ def relative(seq_len: int | None) -> Any:
     return _encoder(seq_len, lambda x, _: RelativePositions(name="relative_position")(x))
 
 
+def t5_bias(seq_len: int | None) -> Any:
+    """T5-style relative attention bias: a [buckets, heads] table gathered by bucketed distances (exact
+    buckets near, log-spaced far, by sign) and added to the attention scores."""
+    tf, layers = _tf_layers()
+    buckets, heads, max_distance = 32, 4, 64
+
+    class BucketBias(layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.bias = self.add_weight(name="relative_attention_bias", shape=(buckets, heads),
+                                        initializer="glorot_uniform")  # fmt: skip
+
+        def call(self, x: Any) -> Any:
+            length = tf.shape(x)[1]
+            distance = tf.range(length)[None, :] - tf.range(length)[:, None]
+            half, exact = buckets // 2, buckets // 4
+            offset = tf.cast(distance > 0, tf.int32) * half
+            magnitude = tf.abs(distance)
+            far = exact + tf.cast(
+                tf.math.log(tf.cast(tf.maximum(magnitude, 1), tf.float32) / exact)
+                / np.log(max_distance / exact) * (half - exact), tf.int32)  # fmt: skip
+            bucket = offset + tf.where(magnitude < exact, magnitude, tf.minimum(far, half - 1))
+            bias = tf.transpose(tf.gather(self.bias, bucket), [2, 0, 1])[None]  # [1, heads, T, T]
+            q = tf.reshape(x, [-1, length, heads, WIDTH // heads])
+            scores = tf.einsum("bqhd,bkhd->bhqk", q, q) / np.sqrt(WIDTH // heads) + bias
+            mixed = tf.einsum("bhqk,bkhd->bqhd", tf.nn.softmax(scores, axis=-1), q)
+            return x + tf.reshape(mixed, tf.shape(x))
+
+    return _encoder(seq_len, lambda x, _: BucketBias(name="relative_attention")(x))
+
+
 def rotary(seq_len: int | None) -> Any:
     """RoPE: cos/sin caches computed in-graph, applied by rotating feature pairs."""
     tf, layers = _tf_layers()
@@ -222,5 +252,6 @@ VARIANTS: dict[str, tuple[Callable[[int | None], Any], tuple[str, ...]]] = {
     "hybrid_separate": (hybrid_separate, ("hybrid",)),
     "masked": (masked, ("sinusoid-interleaved",)),
     "relative": (relative, ("relative",)),
+    "t5_bias": (t5_bias, ("relative",)),
     "rotary": (rotary, ("rotary-cos", "rotary-sin")),
 }

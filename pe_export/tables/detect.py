@@ -26,7 +26,6 @@ class TableInfo:
     value: np.ndarray = field(repr=False)
     fit: SinusoidFit | None = None
     notes: list[str] = field(default_factory=list)
-    relative: tuple[np.ndarray, np.ndarray] | None = None  # (table, T×T index) behind a folded gather
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +49,6 @@ def find_tables(
     original_consts: dict[str, np.ndarray],
     variables: dict[str, np.ndarray],
     hybrids: dict[str, np.ndarray],
-    relatives: dict[str, np.ndarray] | None = None,
     wanted: tuple[str, ...] = (),
 ) -> list[TableInfo]:
     """Every Const the graph reads by position (see tables/uses.py); its kind from its values.
@@ -60,14 +58,10 @@ def find_tables(
     """
     graph = GraphIndex(graph_def)
     tables = []
-    relatives = relatives or {}
     for node in graph_def.node:
         if node.op != "Const" or node.attr["dtype"].type not in (1, 19):  # DT_FLOAT, DT_HALF
             continue
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
-        if node.name in relatives and len(dims) == 3:
-            tables.append(_folded_relative(node, relatives[node.name], variables, graph))
-            continue
         squeezed = table_dims(dims)
         if squeezed is None:
             continue
@@ -155,23 +149,6 @@ def position_axis(shape: tuple[int, ...] | list[int]) -> int:
 def _is_grid_with_class_token(rows: int) -> bool:
     side = math.isqrt(rows - 1)
     return side >= 2 and side * side == rows - 1
-
-
-def _folded_relative(node: Any, table: np.ndarray, variables: dict[str, np.ndarray], graph: GraphIndex) -> TableInfo:
-    """A [T, T, d] constant that folding made from gathering a [2K+1, d] table: recover its index."""
-    folded = const_value(node)
-    rows = folded.reshape(-1, folded.shape[-1])
-    matches = np.all(rows[:, None, :] == table[None, :, :], axis=-1)
-    index = np.argmax(matches, axis=1).reshape(folded.shape[:2]).astype(np.int32)
-    name = _origin(table, variables) or _scope_name(node.name, graph.consumers)
-    info = TableInfo(node.name, name, "computed", "relative", tuple(folded.shape), folded.dtype.name, folded)
-    info.relative = (table, index) if matches.any(axis=1).all() else None
-    t = folded.shape[0]
-    info.notes.append(
-        f"folded at length {t} into a {t}x{t}x{folded.shape[2]} tensor ({folded.nbytes:,} B); the "
-        f"{table.shape[0]}x{table.shape[1]} table is {table.nbytes:,} B and its {t}x{t} index {index.nbytes:,} B"
-    )
-    return info
 
 
 def _input_behind(node: Any, nodes: dict[str, Any], depth: int = 8) -> str | None:

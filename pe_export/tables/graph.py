@@ -13,6 +13,7 @@ from pe_export.tables.methods import Compressed
 from pe_export.tables.sinusoid import fit_sinusoid
 
 SEED_SCOPE = "pe_export_tables"
+RELATIVE_SCOPE = "pe_export_relative"  # a second scope: both may sit in one graph
 
 
 def fold_constants(graph_def: Any, inputs: list[str], outputs: list[str]) -> Any:
@@ -109,17 +110,16 @@ def _through_identity(nodes: dict[str, Any], name: str) -> Any:
     return node
 
 
-def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
-    """Gathers of a [R, d] table by a distance index (Shaw relative positions): node → table.
+def relative_gathers(graph_def: Any) -> list[str]:
+    """Gathers of a constant [R, c] table by a distance index (Shaw's [2K+1, d] table, T5's bucket biases).
 
-    At a fixed length constant folding turns such a gather into a [T, T, d] constant, far
-    larger than the table and its T×T index together; these are undone in the rewrite.
+    At a fixed length constant folding turns such a gather into a [T, T, c] constant (or, transposed, a
+    heads×T×T bias), far larger than the table and its T×T index together.
     """
-    from pe_export.tables.detect import const_value
     from pe_export.tables.uses import GATHER_OPS, GraphIndex, index_origin
 
     graph = GraphIndex(graph_def)
-    found = {}
+    found = []
     for node in graph_def.node:
         if node.op not in GATHER_OPS or len(node.input) < 2:
             continue
@@ -128,7 +128,7 @@ def relative_gathers(graph_def: Any) -> dict[str, np.ndarray]:
             continue
         dims = [d.size for d in params.attr["value"].tensor.tensor_shape.dim]
         if len(dims) == 2 and dims[0] >= 3 and index_origin(graph, node.input[1])[0] == "distance":
-            found[node.name] = const_value(params)
+            found.append(node.name)
     return found
 
 
@@ -182,12 +182,10 @@ def splice_rebuild(
     sequence length): for those only min(L, T) rows are rebuilt, T being the seed's axis 1.
     """
     tf = import_tensorflow()
-    seed_name, seed_dtype, seed_shape = seed
+    seed_name = seed[0]
     with tf.Graph().as_default() as scratch:
-        placeholder = tf.compat.v1.placeholder(tf.as_dtype(seed_dtype), shape=seed_shape, name=seed_name)
+        placeholder, zero = _run_time_zero(tf, seed, SEED_SCOPE)
         with tf.name_scope(SEED_SCOPE):
-            magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
-            zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name="run_time_zero")
             sequence_length = tf.shape(placeholder)[1]
         for index, (node_name, (compressed, shape, rows, storage)) in enumerate(replacements.items()):
             with tf.name_scope(f"{SEED_SCOPE}/table_{index}"):
@@ -205,6 +203,56 @@ def splice_rebuild(
     result.CopyFrom(graph_def)
     del result.node[:]
     result.node.extend(node for node in graph_def.node if node.name not in replacements)
+    result.node.extend(added)
+    return result
+
+
+def _run_time_zero(tf: Any, seed: tuple[str, str, tuple[int | None, ...]], scope: str) -> tuple[Any, Any]:
+    """(placeholder standing for graph input ``seed``, int32 zero = int(max|seed| < 0)), in the current graph.
+
+    Always 0, but known only at run time: no converter can fold what depends on it.
+    """
+    name, dtype, shape = seed
+    placeholder = tf.compat.v1.placeholder(tf.as_dtype(dtype), shape=shape, name=name)
+    with tf.name_scope(scope):
+        magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
+        zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name="run_time_zero")
+    return placeholder, zero
+
+
+def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str, tuple[int | None, ...]]) -> Any:
+    """Each named gather reads its indices through ``+ zero`` (a run-time zero), so that constant folding,
+    grappler's and the converters', cannot turn a relative table gathered by a T×T distance index into a
+    T×T×d (or heads×T×T) constant: the small table and the index are what the file stores."""
+    if not gathers:
+        return graph_def
+    tf = import_tensorflow()
+    from tensorflow.python.framework import dtypes
+
+    nodes = {node.name: node for node in graph_def.node}
+    with tf.Graph().as_default() as scratch:
+        _, zero = _run_time_zero(tf, seed, RELATIVE_SCOPE)
+        shifted = {}
+        for index, name in enumerate(gathers):
+            indices = nodes[name].input[1]
+            dtype = dtypes.as_dtype(nodes[name].attr["Tindices"].type)
+            with tf.name_scope(f"{RELATIVE_SCOPE}/gather_{index}"):
+                source = tf.compat.v1.placeholder(dtype, name="indices")
+                shifted[name] = (tf.add(source, tf.cast(zero, dtype), name="at_run_time"), indices, source)
+    added = []
+    for node in scratch.as_graph_def().node:
+        if node.name == seed[0]:
+            continue
+        added.append(node)
+    rename = {source.op.name: original for _, original, source in shifted.values()}
+    for node in added:
+        node.input[:] = [rename.get(i.split(":")[0], i) if i.split(":")[0] in rename else i for i in node.input]
+    added = [node for node in added if node.name not in rename]
+    result = type(graph_def)()
+    result.CopyFrom(graph_def)
+    for node in result.node:
+        if node.name in shifted:
+            node.input[1] = shifted[node.name][0].op.name
     result.node.extend(added)
     return result
 

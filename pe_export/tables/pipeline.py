@@ -97,13 +97,6 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
                 f"{table.name}: learned table stretched from {length} to {options.max_len} rows by linear "
                 "interpolation — an approximation, not what the model was trained with"
             )
-    if table.relative is not None:
-        # A gather folded into a T×T×d constant: the table and its index are stored instead whenever
-        # they are smaller, asked or not (nothing is lost, and the file shrinks).
-        planned = _plan_relative(table)
-        if planned.bytes_after < table.nbytes:
-            return planned
-        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
     within_budget = options.compress is not None and rows.shape[1] <= options.compress
     plain_otherwise = options.method == "auto" and options.table_dtype == "float32" and target is rows
     if not options.rewrites or (within_budget and plain_otherwise) or table.kind in POSITIONLESS_KINDS:
@@ -147,21 +140,6 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
         warnings=result_warnings,
         compressed=compressed,
     )
-
-
-def _plan_relative(table: TableInfo) -> TableResult:
-    """Undo the folded gather: store the [2K+1, d] table and the T×T index, gather at run time."""
-    assert table.relative is not None
-    values, index = table.relative
-    compressed = Compressed(
-        "gather", True, {"table": values.astype(np.float64), "index": index},
-        rebuild=lambda p, a: a["table"][a["index"]],
-        emit=lambda tf, p, store: tf.gather(store.whole("table"), store.index("index") + p[0]),  # p[0] is 0 at run time
-    )  # fmt: skip
-    rebuilt = compressed.rebuild(np.arange(1), compressed.arrays)
-    error = float(np.max(np.abs(rebuilt - table.value)))
-    return TableResult(table, "gather", True, table.nbytes, compressed.stored_bytes(4), error, table.shape[0],
-                       compressed=compressed)  # fmt: skip
 
 
 def _lossy_trial(
@@ -212,6 +190,7 @@ class PreparedGraph:
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]] = field(default_factory=dict)
     seed: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
     prefix_only: set[str] = field(default_factory=set)
+    unfolded: int = 0  # relative gathers kept at run time (tables/graph.py gathers_at_run_time)
 
     def position_length(self) -> int | None:
         """How many positions the model and this graph both serve: the fewest rows of any table read by
@@ -256,6 +235,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     """``frozen`` is the signature's FrozenSignature (pe_export.savedmodel)."""
     from pe_export.tables.graph import (
         fold_constants,
+        gathers_at_run_time,
         hybrid_sums,
         materialize_static_dims,
         prefix_slices_only,
@@ -272,7 +252,13 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         and len(node.attr["value"].tensor.tensor_shape.dim) >= 2
     }
     hybrids = hybrid_sums(graph_def)
-    relatives = relative_gathers(graph_def)
+    seed_tensor = next(iter(inputs))
+    seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
+    seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
+    # Relative tables gathered by a distance index stay gathers (no T×T×d constant), asked or not.
+    fixed = any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
+    relatives = relative_gathers(graph_def) if fixed else []  # at a dynamic length nothing can fold them
+    graph_def = gathers_at_run_time(graph_def, relatives, seed)
     input_nodes, output_nodes = [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {
@@ -285,14 +271,14 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         original_consts=original,
         variables=variables,
         hybrids=hybrids,
-        relatives=relatives,
         wanted=options.names,
     )
     missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
     if options.list_only:
-        return PreparedGraph(folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables])
+        return PreparedGraph(folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables],
+                             unfolded=len(relatives))  # fmt: skip
     results = [plan_table(table, options) for table in tables]
     for result in results:
         for message in result.warnings:
@@ -304,10 +290,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         shape = list(result.table.shape)
         shape[position_axis(shape)] = result.rows
         replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
-    seed_tensor = next(iter(inputs))
-    seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
-    seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
     prefix_only = set()
     if len(seed_spec.shape) >= 2:
         prefix_only = {name for name in replacements if prefix_slices_only(folded, name)}
-    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed, prefix_only)
+    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed, prefix_only, len(relatives))

@@ -32,6 +32,7 @@ _DISTANCE_KEEPS = frozenset({"Abs", "Sign", "Neg", "Log", "Floor", "Ceil", "Roun
                              "Less", "Greater", "LessEqual", "GreaterEqual", "LogicalAnd", "LogicalOr"})  # fmt: skip
 _MAX_DEPTH = 24
 POSITION_INPUT_WORDS = ("position", "pos_id", "positions")
+OWN_ZEROS = ("pe_export_tables/run_time_zero", "pe_export_relative/run_time_zero")  # tables/graph.py
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
 
     def walk(reference: str, depth: int) -> str | None:
         node = graph.source(reference)
-        if node is None or depth > _MAX_DEPTH:
-            return None
+        if node is None or depth > _MAX_DEPTH or node.name.endswith(OWN_ZEROS):
+            return None  # pe-export's own run-time zero reads an input but carries no index
         if node.op == "Placeholder":
             found.setdefault("input", node.name)
             return "input"

@@ -176,3 +176,18 @@ def test_dynamic_export_is_verified_over_every_rebuilt_row(variant_model, tmp_pa
     long = variant_model("sinusoid_constant", None, length=1024, width=16, head=False)
     capped = export_tflite(long, tmp_path / "long.tflite", ExportOptions(tables=TableOptions(compress=8)))
     assert capped.parity.positions == MAX_CHECKED_POSITIONS and capped.parity.passed
+
+
+@pytest.mark.parametrize("variant", ["relative", "t5_bias"])
+def test_relative_gathers_are_not_folded_at_a_fixed_length(variant: str, variant_model, tmp_path: Path) -> None:
+    """Shaw's [17, 32] table and T5's [32, 4] bucket biases, gathered by a 64x64 distance index: folding
+    would store a 64x64x32 (524,288 B) or 4x64x64 (65,536 B) float constant. The file keeps table + index."""
+    model = variant_model(variant, 64)
+    for target, (export, _) in EXPORTS.items():
+        report = export(model, tmp_path / f"m.{target}", ExportOptions())
+        floats = [c for c in report.summary.constants if c.dtype.startswith("float")]
+        largest = max(floats, key=lambda c: c.nbytes)
+        print(f"{variant} {target}: {report.summary.file_bytes:,} B, largest float constant {largest.nbytes:,} B "
+              f"{largest.shape}, parity {report.parity.max_abs:.2g}")  # fmt: skip
+        assert report.exit_code == ExitCode.OK and report.parity.max_abs <= 1e-4
+        assert all(c.nbytes < 64 * 64 * 4 for c in floats), largest
