@@ -9,6 +9,7 @@ a builtin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +29,13 @@ class _AxisPlan:
 
 def new_axis_slices_to_expand_dims(graph_def: Any) -> tuple[Any, int]:
     """A copy of ``graph_def`` with every axis-inserting StridedSlice replaced; returns (graph, count)."""
-    from tensorflow.core.framework import graph_pb2
 
     nodes = {node.name: node for node in graph_def.node}
     plans = {node.name: plan for node in graph_def.node if (plan := _plan(node, nodes)) is not None}
     if not plans:
         return graph_def, 0
-    rewritten = graph_pb2.GraphDef()
-    rewritten.versions.CopyFrom(graph_def.versions)
-    rewritten.library.CopyFrom(graph_def.library)
-    for node in graph_def.node:
-        if node.name not in plans:
-            rewritten.node.add().CopyFrom(node)
-            continue
+
+    def as_expand_dims(rewritten: Any, node: Any) -> None:
         plan = plans[node.name]
         current = plan.source
         for step, axis in enumerate(plan.axes):
@@ -59,7 +54,8 @@ def new_axis_slices_to_expand_dims(graph_def: Any) -> tuple[Any, int]:
             if node.device:
                 expand.device = node.device
             current = name
-    return rewritten, len(plans)
+
+    return _rewrite_nodes(graph_def, set(plans), as_expand_dims), len(plans)
 
 
 def _plan(node: Any, nodes: dict[str, Any]) -> _AxisPlan | None:
@@ -113,7 +109,6 @@ def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
     ranges; DeBERTa's relative-position buckets), which are bounded by a tensor dimension. The op
     keeps its name and dtype for its consumers: Cast(int64→int32) → op → Cast(int32→int64).
     """
-    from tensorflow.core.framework import graph_pb2
 
     from pe_export.tables.uses import GraphIndex, index_origin
 
@@ -127,22 +122,33 @@ def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
     }
     if not targets:
         return graph_def, 0
-    rewritten = graph_pb2.GraphDef()
-    rewritten.versions.CopyFrom(graph_def.versions)
-    rewritten.library.CopyFrom(graph_def.library)
-    for node in graph_def.node:
-        if node.name not in targets:
-            rewritten.node.add().CopyFrom(node)
-            continue
+
+    def through_int32(rewritten: Any, node: Any) -> None:
         narrow = _cast(rewritten.node.add(), f"{node.name}/to_int32", node.input[0], _INT64, _INT32)
         core = rewritten.node.add()
         core.CopyFrom(node)
         core.name = f"{node.name}/int32"
         del core.input[:]
-        core.input.extend([narrow.name, *[i for i in node.input[1:]]])
+        core.input.extend([narrow.name, *node.input[1:]])
         core.attr["T"].type = _INT32
         _cast(rewritten.node.add(), node.name, core.name, _INT32, _INT64)
-    return rewritten, len(targets)
+
+    return _rewrite_nodes(graph_def, targets, through_int32), len(targets)
+
+
+def _rewrite_nodes(graph_def: Any, targets: set[str], emit: Callable[[Any, Any], None]) -> Any:
+    """A copy of ``graph_def`` in which ``emit(graph, node)`` writes the replacement of each target node."""
+    from tensorflow.core.framework import graph_pb2
+
+    rewritten = graph_pb2.GraphDef()
+    rewritten.versions.CopyFrom(graph_def.versions)
+    rewritten.library.CopyFrom(graph_def.library)
+    for node in graph_def.node:
+        if node.name in targets:
+            emit(rewritten, node)
+        else:
+            rewritten.node.add().CopyFrom(node)
+    return rewritten
 
 
 def _cast(node: Any, name: str, source: str, from_type: int, to_type: int) -> Any:
