@@ -45,7 +45,9 @@ VARIANTS = (  # label, format, options beyond --text
     ("--compress 64", "onnx", {"tables": TableOptions(compress=64)}),
     ("dynamic-int8", "onnx", {"quantize": "dynamic-int8"}),
     ("dynamic-int8 --min-cosine 0.999", "onnx", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
+    ("weight-int8 (storage only)", "onnx", {"quantize": "weight-int8"}),
 )
+ONNX_FP32 = 5  # the row whose file onnxruntime's own default quantizes
 
 
 def sentence_feeds(tokenizer: Path) -> list[dict[str, np.ndarray]]:
@@ -100,7 +102,7 @@ def main() -> None:
     for index, (label, target, extra) in enumerate(rows):
         path = work / f"{index}.{target}"
         if extra is None:
-            onnxruntime_default_int8(work / "5.onnx", path)
+            onnxruntime_default_int8(work / f"{ONNX_FP32}.onnx", path)
             code = "-"
         else:
             export = export_tflite if target == "tflite" else export_onnx

@@ -6,6 +6,7 @@ from typing import Any
 
 from pe_export.converters.onnx_quantize import JudgeFeeds
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
+from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
@@ -75,6 +76,11 @@ def convert_onnx(
         model = _to_float16(model)
     elif options.quantize == "dynamic-int8":
         model = _dynamic_int8(model, options, judge, notes)
+    elif options.quantize == "weight-int8":
+        model, count, replaced = weight_only_int8(model)
+        notes.append(f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
+                     "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
+                     "memory after loading stay float32's")  # fmt: skip
     if options.quantize != "none":
         check_onnx_model(model, f"{options.quantize} model")
     data = model.SerializeToString()

@@ -7,7 +7,7 @@ DEFAULT_ONNX_OPSET = 17
 MIN_ONNX_OPSET = 13  # tf2onnx and onnxruntime's quantizer both need 13+
 
 TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
-ONNX_QUANTIZE_MODES = ("none", "float16", "dynamic-int8")
+ONNX_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "weight-int8")
 
 # Precision that each quantize mode is judged at by the parity tolerances.
 PRECISION_OF_QUANTIZE = {
@@ -15,6 +15,7 @@ PRECISION_OF_QUANTIZE = {
     "float16": "fp16",
     "dynamic-int8": "int8",
     "int8": "int8",
+    "weight-int8": "int8",  # weights only, float32 arithmetic: judged like int8, typically far closer
 }
 
 # Inputs generated for the post-export check when the model's own shapes are dynamic.

@@ -56,8 +56,11 @@ def test_onnx_int8_and_compression(minilm, tmp_path: Path, capfd: pytest.Capture
     fp32, _, _ = export(capfd, minilm, "onnx", tmp_path / "fp32.onnx")
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64")
     int8, int8_cosine, int8_out = export(capfd, minilm, "onnx", tmp_path / "int8.onnx", "--quantize", "dynamic-int8")
+    stored, stored_cosine, _ = export(capfd, minilm, "onnx", tmp_path / "w8.onnx", "--quantize", "weight-int8")
     # fp32 --compress 64: no method keeps the trained table within 1e-4 in 64 values per position.
     assert "kept: svd rank 36 would store 129,024 B" in out and kept_cosine >= 0.99999
     # Per-channel int8 everywhere meets the int8 tolerance on real text (onnxruntime's default does not).
     assert "all 15 quantizable nodes quantized" in int8_out
     assert int8 <= 0.45 * fp32 and int8_cosine >= 0.99
+    # Weight-only int8 (float arithmetic): a third of the bytes, sentences within 2e-4.
+    assert stored <= 0.35 * fp32 and stored_cosine >= 0.9998
