@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
@@ -35,6 +36,7 @@ class ExportOptions:
     overwrite: bool = False
     tables: TableOptions = field(default_factory=TableOptions)  # find / compress / retarget position tables
     text: TextInputs | None = None  # --text FILE (--tokenizer): real inputs to verify, calibrate and judge on
+    inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
 
     @property
@@ -53,6 +55,8 @@ class ExportOptions:
 
     def validate(self, target: str) -> None:
         self.tables.validate()
+        if self.text is not None and self.inputs is not None:
+            raise BadInputError("--text and --inputs both give the inputs to judge on; pass one of them")
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
         modes = TFLITE_QUANTIZE_MODES if target == "tflite" else ONNX_QUANTIZE_MODES

@@ -17,7 +17,7 @@ from pe_export.constants import (
     VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import atomic_write_bytes, check_output_path
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
@@ -123,9 +123,9 @@ def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, q
     job = _prepare("tflite", Path(saved_model), Path(output), options)
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
-        if options.text is not None:  # real text: each line its own sample, at its own length
+        if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
             feeds, valid = job.check_feeds()
-            feed, rows = feeds["text"], valid["text"]
+            (feed,), (rows,) = feeds.values(), valid.values()
             for row in range(rows.shape[0]):
                 length = int(rows[row].sum()) if job.specs[0].shape[1] is None else rows.shape[1]
                 yield {name: array[row : row + 1, :length] for name, array in feed.items()}
@@ -216,17 +216,32 @@ class _Job:
     def check_feeds(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
         """The inputs a file is judged on (verification, the int8 target): --text when given, which then
         stands for the distribution that matters; else generated full-length and padded rows."""
-        if self.options.text is None:
+        if self.options.text is None and self.options.inputs is None:
             return verification_feeds(self.specs, self.bounds, self.check_length)
-        return self.text_case
+        return self.user_case
 
     @cached_property
-    def text_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
-        from pe_export.text_inputs import text_feed
+    def user_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """--text or --inputs as one case of all their samples, checked against the model's tables."""
+        if self.options.text is not None:
+            from pe_export.text_inputs import text_feed
 
-        assert self.options.text is not None
-        feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.source, self.check_length)
-        return {"text": feed}, {"text": valid}
+            feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.source, self.check_length)
+            return {"text": feed}, {"text": valid}
+        from pe_export.golden import user_batches
+        from pe_export.parity.bundle import read_npz
+
+        path = Path(self.options.inputs or "")
+        arrays = read_npz(path)
+        samples = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
+        feed, valid = next(user_batches(path, arrays, self.specs, samples))
+        for name, bound in self.bounds.items():
+            if name in feed and feed[name].size and not 0 <= int(feed[name].min()) <= int(feed[name].max()) < bound:
+                raise BadInputError(
+                    f"--inputs {path}: {name!r} holds ids {int(feed[name].min())}…{int(feed[name].max())}, but the "
+                    f"table it indexes has {bound} rows; expected ids from 0 to {bound - 1}"
+                )
+        return {"inputs": feed}, {"inputs": valid}
 
     @cached_property
     def bounds(self) -> dict[str, int]:
@@ -261,8 +276,8 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
     job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
-    if options.text is not None:
-        _ = job.text_case  # a bad --text or tokenizer is refused before any conversion
+    if options.text is not None or options.inputs is not None:
+        _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
 
 

@@ -67,6 +67,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                          help="Verify (and calibrate or judge int8) on these sentences, one per line."),
             click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
                          help="tokenizer.json for --text (default: beside or inside the SavedModel)."),
+            click.option("--inputs", type=click.Path(path_type=Path), default=None,
+                         help="Verify (and calibrate or judge int8) on these inputs (.npz by input name)."),
             click.option("--min-cosine", type=float, default=None,
                          help="Ask more than the precision's cosine (the check, and what int8 must reach)."),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
@@ -102,6 +104,7 @@ def _export_options(**values: Any) -> Any:
         overwrite=values["overwrite"],
         min_cosine=values["min_cosine"],
         text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
+        inputs=values["inputs"],
         tables=TableOptions(
             compress=values["compress"],
             method=values["compress_method"],

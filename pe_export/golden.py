@@ -114,7 +114,7 @@ def make_golden(
     if text is not None:
         batches = _rows_in_batches(*text, options.batch)
     elif options.inputs and user_arrays is not None:
-        batches = _user_batches(options.inputs, user_arrays, specs, options.batch)
+        batches = user_batches(options.inputs, user_arrays, specs, options.batch)
     else:
         batches = _generated_batches(specs, bounds, options, seq_len)
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
@@ -226,7 +226,7 @@ def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
-def _user_batches(
+def user_batches(
     path: Path, arrays: dict[str, np.ndarray], specs: list[TensorSpec], batch: int
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     names = {spec.name for spec in specs}

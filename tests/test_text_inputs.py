@@ -95,3 +95,22 @@ def test_golden_bundle_from_sentences(saved_model, sentences: Path, tmp_path: Pa
     assert "mean-pooled rows, worst cosine" in checked.stdout
     both = run_cli(capfd, "golden", model, "-o", tmp_path / "g2", "--text", sentences, "--inputs", sentences)
     assert_one_line_error(both, 2, "--text and --inputs")
+
+
+def test_export_is_verified_on_given_arrays(saved_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    model = saved_model("encoder_multi_io")
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, 64, (3, 24)).astype(np.int32)
+    mask = (np.arange(24)[None, :] < np.array([[24], [10], [17]])).astype(np.int32)
+    arrays = tmp_path / "inputs.npz"
+    np.savez(arrays, token_ids=tokens * mask, attention_mask=mask, segment_ids=np.zeros_like(tokens))
+    result = run_cli(capfd, "onnx", model, "-o", tmp_path / "m.onnx", "--inputs", arrays)
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("inputs ")]
+    assert {row[1] for row in rows} == {"pooled_output", "sequence_output"} and "24 positions" in result.stdout
+    np.savez(arrays, token_ids=tokens + 60, attention_mask=mask, segment_ids=np.zeros_like(tokens))
+    refused = run_cli(capfd, "onnx", model, "-o", tmp_path / "n.onnx", "--inputs", arrays)
+    assert_one_line_error(refused, 2, "'token_ids' holds ids", "has 64 rows", "expected ids from 0 to 63")
+    assert not (tmp_path / "n.onnx").exists()
+    both = run_cli(capfd, "onnx", model, "-o", tmp_path / "b.onnx", "--inputs", arrays, "--text", arrays)
+    assert_one_line_error(both, 2, "--text and --inputs")
