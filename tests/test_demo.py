@@ -23,12 +23,17 @@ def test_demo_shows_exact_compression_at_full_accuracy_and_the_lossy_recipe_wors
     assert list(rows) == [
         "tflite fp32", "tflite float16", "tflite dynamic-int8", "onnx fp32", "onnx float16", "onnx dynamic-int8",
         "tflite compress 16", "onnx compress 16", "tflite seed interp",
+        "learned tflite fp32", "learned svd rank 8", "learned svd rank 4",
     ]  # fmt: skip
     for name, row in rows.items():
         assert row["reference_accuracy"] >= 0.95
         if name == "tflite seed interp":
             assert row["verdict"] == "LOSSY (accepted)" and row["task_accuracy"] < 0.5
             assert row["table_max_error"] > 1.0
+        elif name == "learned svd rank 8":  # the trained table at 3,072 B of 8,192 keeps every answer
+            assert row["table_bytes"] == 8 * (64 + 32) * 4 and row["task_accuracy"] == row["reference_accuracy"]
+        elif name == "learned svd rank 4":  # … and at 1,536 B loses most of them
+            assert row["verdict"] == "LOSSY (accepted)" and row["task_accuracy"] < 0.5
         else:
             assert row["verdict"] == "PASS", row
             assert row["task_accuracy"] == row["reference_accuracy"]
