@@ -99,7 +99,7 @@ def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: E
     """--compress with auto never fails for want of an exact method: a lossy table it chose that breaks the
     file's tolerance end to end is kept instead, the file made again, and the measured trade-off reported."""
     report = export(saved_model, output, options, quiet=quiet)
-    chosen = [t for t in report.lossy_tables if options.tables.method == "auto"]
+    chosen = report.lossy_tables if options.tables.method == "auto" else []
     if report.exit_code != ExitCode.PARITY_FAILED or not chosen or options.tables.allow_lossy:
         return report
     assert report.parity is not None
@@ -148,6 +148,7 @@ def _export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, qui
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
+
     def judge() -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None]]:
         feeds, valid = job.check_feeds()
         return list(feeds.values()), [valid[case] for case in feeds]
