@@ -271,8 +271,9 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None
+    from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
+
     if options.tables.rewrites or folds_relative_gather(frozen):
-        from pe_export.tables.pipeline import prepare_graph
 
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
@@ -280,14 +281,6 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
-
-
-def folds_relative_gather(frozen: FrozenSignature) -> bool:
-    """True when a fixed length would let the converters fold a relative-position gather into a T×T×d constant."""
-    from pe_export.tables.graph import relative_gathers
-
-    fixed = any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
-    return fixed and bool(relative_gathers(frozen.graph()[0]))
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:

@@ -239,15 +239,11 @@ def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str
             with tf.name_scope(f"{RELATIVE_SCOPE}/gather_{index}"):
                 source = tf.compat.v1.placeholder(dtype, name="indices")
                 shifted[name] = (tf.add(source, tf.cast(zero, dtype), name="at_run_time"), indices, source)
-    added = []
-    for node in scratch.as_graph_def().node:
-        if node.name == seed[0]:
-            continue
-        added.append(node)
+    # The scratch placeholders stand for each gather's own indices: wire the Adds to those instead.
     rename = {source.op.name: original for _, original, source in shifted.values()}
+    added = [node for node in scratch.as_graph_def().node if node.name != seed[0] and node.name not in rename]
     for node in added:
-        node.input[:] = [rename.get(i.split(":")[0], i) if i.split(":")[0] in rename else i for i in node.input]
-    added = [node for node in added if node.name not in rename]
+        node.input[:] = [rename.get(i.split(":")[0], i) for i in node.input]
     result = type(graph_def)()
     result.CopyFrom(graph_def)
     for node in result.node:

@@ -73,10 +73,14 @@ class TableResult:
     warnings: list[str] = field(default_factory=list)
     compressed: Compressed | None = field(default=None, repr=False)
 
+    @classmethod
+    def unchanged(cls, table: TableInfo, rows: int, why: str | None = None) -> TableResult:
+        """The table stored as it was (method "kept"), with the reason where one is worth reporting."""
+        return cls(table, "kept", True, table.nbytes, table.nbytes, 0.0, rows, notes={"kept:": why} if why else {})
+
     def kept(self, why: str) -> TableResult:
         """This table as left in the file after all: stored as it was."""
-        table = self.table
-        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, self.rows, notes={"kept:": why})
+        return TableResult.unchanged(self.table, self.rows, why)
 
     @property
     def ratio(self) -> float:
@@ -102,11 +106,9 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
     if not options.rewrites or (within_budget and plain_otherwise) or table.kind in POSITIONLESS_KINDS:
         # Nothing asked, the table already stores no more than K values per position, or it is a
         # relative table read by distance (small: 2K+1 rows), which is kept as it is.
-        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
+        return TableResult.unchanged(table, length)
     if table.node in options.keep:
-        kept = TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, length)
-        kept.notes["kept:"] = "a lossy auto choice broke the export's tolerance (see the note)"
-        return kept
+        return TableResult.unchanged(table, length, "a lossy auto choice broke the export's tolerance (see the note)")
     method = options.method
     if method == "auto":
         method = _auto_method(target, table, options)
@@ -149,17 +151,16 @@ def _lossy_trial(
     error stays within ``lossy_atol``; otherwise the table is kept and the trade-off reported."""
     plan = get_method("svd").plan(target, table.fit, options.compress)
     if plan is None:
-        return TableResult(table, "kept", True, table.nbytes, table.nbytes, 0.0, target.shape[0],
-                           notes={"kept:": f"no method fits {options.compress} values per position"})  # fmt: skip
+        return TableResult.unchanged(table, target.shape[0], f"no method fits {options.compress} values per position")
     error = float(np.max(np.abs(plan.rebuild(np.arange(target.shape[0]), plan.arrays) - reference)))
     if error <= options.lossy_atol:
         return None  # within the precision's tolerance: take it (the export's parity check confirms)
     bytes_after = plan.stored_bytes(np.dtype(options.table_dtype).itemsize)
     rank, energy = plan.notes["rank"], plan.notes["energy_kept"]
-    return TableResult(
-        table, "kept", True, table.nbytes, table.nbytes, 0.0, target.shape[0],
-        notes={"kept:": f"svd rank {rank} would store {bytes_after:,} B, keep {energy:.1%} of the energy and err "
-                       f"{error:.3g} (over atol {options.lossy_atol:g}); --compress-method svd --allow-lossy takes it"},
+    return TableResult.unchanged(
+        table, target.shape[0],
+        f"svd rank {rank} would store {bytes_after:,} B, keep {energy:.1%} of the energy and err {error:.3g} "
+        f"(over atol {options.lossy_atol:g}); --compress-method svd --allow-lossy takes it",
     )  # fmt: skip
 
 
@@ -231,6 +232,19 @@ def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = No
     return min(length, MAX_CHECKED_POSITIONS) if length else None
 
 
+def fixed_length(frozen: Any) -> bool:
+    """True when the signature (a FrozenSignature) has a fixed sequence axis: there, folding can turn tables
+    computed or gathered at run time into constants."""
+    return any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
+
+
+def folds_relative_gather(frozen: Any) -> bool:
+    """True when a fixed length would let the converters fold a relative-position gather into a T×T×d constant."""
+    from pe_export.tables.graph import relative_gathers
+
+    return fixed_length(frozen) and bool(relative_gathers(frozen.graph()[0]))
+
+
 def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGraph:
     """``frozen`` is the signature's FrozenSignature (pe_export.savedmodel)."""
     from pe_export.tables.graph import (
@@ -256,8 +270,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
     seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
     # Relative tables gathered by a distance index stay gathers (no T×T×d constant), asked or not.
-    fixed = any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
-    relatives = relative_gathers(graph_def) if fixed else []  # at a dynamic length nothing can fold them
+    relatives = relative_gathers(graph_def) if fixed_length(frozen) else []  # dynamic: nothing can fold them
     graph_def = gathers_at_run_time(graph_def, relatives, seed)
     input_nodes, output_nodes = [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
