@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,43 +16,52 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels whicheve
 from tests.fixtures.models import MODEL_CASES, export_case
 
 
-@pytest.fixture(scope="session")
-def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """saved_model(name) → path of that case's SavedModel, built on first use."""
-    built: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("saved_models")
+def _built_once(tmp_path_factory: pytest.TempPathFactory, folder: str, build: Callable[[Path, Any], Path]
+                ) -> Callable[[Any], Path]:  # fmt: skip
+    """get(key) → build(root, key), made on first use and kept for the session."""
+    built: dict[Any, Path] = {}
+    root = tmp_path_factory.mktemp(folder)
 
-    def get(name: str) -> Path:
-        if name not in built:
+    def get(key: Any) -> Path:
+        if key not in built:
             from pe_export.native import import_tensorflow
 
             import_tensorflow()
-            built[name] = export_case(MODEL_CASES[name], root)
-        return built[name]
+            built[key] = build(root, key)
+        return built[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """saved_model(name) → path of that case's SavedModel, built on first use."""
+    return _built_once(tmp_path_factory, "saved_models", lambda root, name: export_case(MODEL_CASES[name], root))
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """family_model(name) → SavedModel of that keras-hub family (tests/fixtures/keras_hub_models.py)."""
+    from tests.fixtures.keras_hub_models import FAMILIES, export_family
+
+    return _built_once(tmp_path_factory, "keras_hub", lambda root, name: export_family(FAMILIES[name], root))
 
 
 @pytest.fixture(scope="session")
 def variant_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """variant_model(name, seq_len, **builder_options) → SavedModel of a pe_export.reference.variants encoder."""
-    built: dict[tuple, Path] = {}
-    root = tmp_path_factory.mktemp("variants")
 
-    def get(name: str, seq_len: int | None, **options: object) -> Path:
-        key = (name, seq_len, tuple(sorted(options.items())))
-        if key not in built:
-            from pe_export.native import import_tensorflow
-            from pe_export.reference import variants
+    def build(root: Path, key: tuple) -> Path:
+        from pe_export.reference import variants
 
-            import_tensorflow()
-            builder = variants.VARIANTS[name][0] if name in variants.VARIANTS else getattr(variants, name)
-            path = root / f"{name}-{seq_len}-{len(built)}"
-            builder(seq_len, **options).export(str(path), verbose=False)
-            built[key] = path
-        return built[key]
+        name, seq_len, options = key
+        builder = variants.VARIANTS[name][0] if name in variants.VARIANTS else getattr(variants, name)
+        path = root / f"{name}-{seq_len}-{abs(hash(key))}"
+        builder(seq_len, **dict(options)).export(str(path), verbose=False)
+        return path
 
-    return get
+    get = _built_once(tmp_path_factory, "variants", build)
+    return lambda name, seq_len, **options: get((name, seq_len, tuple(sorted(options.items()))))
 
 
 @pytest.fixture(scope="session")

@@ -5,36 +5,19 @@ position tables it reads by position, and exports to TFLite (builtins only) and 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pe_export.api import find_position_tables
 from pe_export.converters.options import ExportOptions
-from tests.fixtures.keras_hub_models import FAMILIES, export_family
+from tests.fixtures.keras_hub_models import FAMILIES
 from tests.helpers import run_cli
 
 pytest.importorskip("keras_hub", reason="the coverage models come from keras-hub (pip install -e '.[dev]')")
 
 MAX_ABS = re.compile(r"^\s+(?:random|padded)\s+\S+\s+([0-9.e+-]+)\s", re.M)
 FP32_ATOL = 1e-4
-
-
-@pytest.fixture(scope="session")
-def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    built: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("keras_hub")
-
-    def get(name: str) -> Path:
-        if name not in built:
-            from pe_export.native import import_tensorflow
-
-            import_tensorflow()
-            built[name] = export_family(FAMILIES[name], root)
-        return built[name]
-
-    return get
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
