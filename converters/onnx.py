@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pe_export.converters.onnx_quantize import JudgeFeeds
+from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.options import ExportOptions
@@ -162,5 +162,5 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     feeds, valid = judge() if judge is not None else ([], [])
     outcome = quantize_to_target(model, feeds, options.tolerance, valid)
     if feeds:
-        notes.extend(outcome.notes())
+        notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
 
@@ -15,6 +16,7 @@ from pe_export.converters.graph_rewrites import (
     int64_ops_through_int32,
     new_axis_slices_to_expand_dims,
 )
+from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
@@ -36,15 +38,39 @@ def convert_tflite(
     *,
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
+    judge: JudgeFeeds | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     Where the converter needs a Flex op that builtins can do (FlexStridedSlice for axis-inserting
     slices, FlexAbs/FlexSign for int64 position arithmetic), the graph is rewritten and converted
-    again; the notes say so.
+    again; the notes say so. ``judge`` gives the inputs (and valid masks) that dynamic-range int8 must
+    meet the export's tolerance on, against the float32 file; without it the converter's file is kept.
     """
     source = _GraphSource(loaded, frozen, prepared)
+    data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet)
+    if options.quantize == "dynamic-int8" and judge is not None:
+        feeds, masks = judge()
+        if feeds:
+            from pe_export.converters.tflite_int8 import int8_to_target
+
+            float_file, _ = _convert(source, replace(options, quantize="none"), None, quiet=quiet,
+                                     allow_flex=not options.builtins_only, graph=graph)  # fmt: skip
+            outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance)
+            data = outcome.model
+            notes = [*notes, *outcome.notes("int8 weights")]
+    return data, log, notes
+
+
+def _convert_with_rewrites(
+    source: _GraphSource,
+    options: ExportOptions,
+    calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
+    quiet: bool,
+) -> tuple[bytes, str, list[str], Any | None]:
+    """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
+    loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
     try:
         data, log = convert(allow_flex=not options.builtins_only)
@@ -64,9 +90,9 @@ def convert_tflite(
             if retried is not None:
                 left = set(summarize_tflite_bytes(retried, loaded.path).flex_ops)
                 if data is None or len(left) < len(flex or ()):
-                    return retried, retried_log, notes
+                    return retried, retried_log, notes, graph
     if data is not None:
-        return data, log, []
+        return data, log, [], None
     assert first_error is not None
     # --builtins-only: say which ops would need Flex, from a conversion with select TF ops allowed.
     try:

@@ -75,7 +75,7 @@ class ExportReport:
                 )
             raise ParityError(
                 f"{self.output} was written but does not match the TensorFlow float32 reference: output "
-                f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, cosine {worst.cosine:.6f} "
+                f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, {worst.cosines()} "
                 f"(tolerance atol {self.parity.tolerance.atol:g}, rtol {self.parity.tolerance.rtol:g}, "
                 f"cosine ≥ {self.parity.tolerance.min_cosine:g})"
             )
@@ -136,7 +136,7 @@ def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, q
 
     data, log, notes = _no_larger_than_plain(
         job, lambda prepared: convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet,
-                                             prepared=prepared),
+                                             prepared=prepared, judge=job.judge_feeds if options.verify else None),
     )  # fmt: skip
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
@@ -149,13 +149,9 @@ def _export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, qui
 
     job = _prepare("onnx", Path(saved_model), Path(output), options)
 
-    def judge() -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None]]:
-        feeds, valid = job.check_feeds()
-        return list(feeds.values()), [valid[case] for case in feeds]
-
     data, log, notes = _no_larger_than_plain(
         job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared,
-                                           judge=judge if options.verify else None),
+                                           judge=job.judge_feeds if options.verify else None),
     )  # fmt: skip
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
@@ -220,6 +216,11 @@ class _Job:
         if self.options.text is None and self.options.inputs is None:
             return verification_feeds(self.specs, self.bounds, self.check_length)
         return self.user_case
+
+    def judge_feeds(self) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None]]:
+        """check_feeds as the int8 search takes them: the feeds, and each one's valid mask."""
+        feeds, valid = self.check_feeds()
+        return list(feeds.values()), [valid[case] for case in feeds]
 
     @cached_property
     def user_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:

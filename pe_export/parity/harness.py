@@ -93,7 +93,7 @@ class ParityReport:
         return (
             f"{self.model.name} fails parity on {self.runtime}: {len(failed)} of {len(self.outputs)} outputs over "
             f"tolerance; {worst.name!r} max abs {worst.max_abs:.3g} (atol {tol.atol:g}, rtol {tol.rtol:g}), "
-            f"cosine {worst.cosine:.6f}, {worst.violations} of {worst.compared} elements over{where}"
+            f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
         )
 
 

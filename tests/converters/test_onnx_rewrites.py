@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.api import export_onnx
-from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
+from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, gemms_to_matmuls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 
@@ -67,3 +67,33 @@ def test_exported_encoder_keeps_no_weight_for_its_shape_alone(saved_model, tmp_p
         for name in node.input:
             readers.setdefault(name, set()).add(node.op_type)
     assert not [name for name in initializers if readers.get(name) == {"Shape"}]
+
+
+def gemm_graph() -> onnx.ModelProto:
+    """y = Gemm(x, W, C, transB=1); z = Gemm(x, V) without a bias; w = Gemm(x, W, C, beta=0.5) (left alone)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+             for name, shape in (("W", (6, 4)), ("C", (6,)), ("V", (4, 5)))]  # fmt: skip
+    nodes = [
+        helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="with_bias", transB=1),
+        helper.make_node("Gemm", ["x", "V"], ["z"], name="no_bias"),
+        helper.make_node("Gemm", ["x", "W", "C"], ["w"], name="scaled_bias", transB=1, beta=0.5),
+    ]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, n]) for name, n in (("y", 6), ("z", 5),
+                                                                                                 ("w", 6))]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              outputs, initializer=inits)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_gemm_by_a_constant_becomes_matmul_with_the_same_arithmetic() -> None:
+    model = gemm_graph()
+    x = np.random.default_rng(4).normal(size=(3, 4)).astype(np.float32)
+    before = run(model, x)
+    assert gemms_to_matmuls(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    ops = [(node.op_type, node.name) for node in model.graph.node]
+    assert ops == [("MatMul", "with_bias__matmul"), ("Add", "with_bias__bias"), ("MatMul", "no_bias__matmul"),
+                   ("Gemm", "scaled_bias")]  # fmt: skip
+    for got, want in zip(run(model, x), before, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -63,3 +63,20 @@ def test_pooled_cosine_is_the_worst_row_over_its_valid_positions() -> None:
     want = pooled_a @ pooled_e / np.linalg.norm(pooled_a) / np.linalg.norm(pooled_e)
     assert metrics.pooled_cosine == pytest.approx(want, abs=1e-12) and want < 0.999
     assert compare_output("logits", actual, expected, FP32_TOLERANCE, valid).pooled_cosine is None  # a class axis
+
+
+def test_one_rows_pooled_direction_fails_an_output_whose_flattened_cosine_passes() -> None:
+    """A short sentence gone wrong hides in the batch's flattened cosine; its mean-pooled row does not."""
+    rng = np.random.default_rng(2)
+    expected = rng.standard_normal((2, 16, 8))
+    actual = expected.copy()
+    valid = np.zeros((2, 16), bool)
+    valid[0], valid[1, :2] = True, True  # a 16-token sentence and a 2-token one
+    actual[1, :2] += 0.6 * rng.standard_normal((2, 8))  # the short one moved
+    loose = Tolerance(atol=10.0, rtol=0.0, min_cosine=0.95)
+    metrics = compare_output("sequence_output", actual, expected, loose, valid)
+    print(f"flattened cosine {metrics.cosine:.4f}, worst pooled row {metrics.pooled_cosine:.4f}")
+    assert metrics.cosine >= 0.95 > metrics.pooled_cosine
+    assert not metrics.within_tolerance and "worst row's mean-pooled cosine" in metrics.cosines()
+    actual[1, :2] = expected[1, :2]
+    assert compare_output("sequence_output", actual, expected, loose, valid).within_tolerance

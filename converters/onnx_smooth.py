@@ -1,0 +1,146 @@
+"""Activation smoothing before dynamic int8 (SmoothQuant, Xiao et al. 2022), sized per layer on the
+export's own inputs.
+
+onnxruntime's dynamic int8 takes one range per activation tensor per call. A trained encoder's
+activations carry a few outlier channels (all-MiniLM-L6-v2: the LayerNorm outputs that feed every
+projection), and one range stretched to them leaves the other channels a handful of levels. For
+``Y = X·W`` with a constant W, ``Y = (X / s)·(s·W)`` for any positive per-input-channel s: a Mul by
+1/s on the activation and rows of W scaled by s, the same arithmetic in float. s is chosen as
+``max|X_k|^α / max|W_k|^(1-α)`` (one s for all MatMuls that read the same tensor), and α per tensor
+from a grid, by the error of a simulation of onnxruntime's quantization of that product on the
+captured activations (α 0 is no smoothing, so a tensor never gets worse in the simulation).
+Measured on MiniLM, every weight int8, worst of 8 real sentences' pooled cosine: 0.9921 → 0.9981.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+ALPHAS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # 0: no smoothing
+LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range per tensor per call
+WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel
+FLOOR = 1e-5  # a channel that is never active keeps a finite scale
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    tensors: int  # activation tensors that read by MatMuls were considered
+    smoothed: int  # of which smoothed (α > 0 was best)
+    error_before: float  # simulated int8 error of all those products, relative (sum of squares)
+    error_after: float
+
+    def note(self) -> str:
+        return (f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
+                f"MatMul inputs; simulated int8 error {self.error_before:.2e} → {self.error_after:.2e})")  # fmt: skip
+
+
+def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any) -> tuple[Any, Smoothing]:
+    """A smoothed copy of ``model`` (float, same outputs up to rounding) and what was done.
+
+    ``run(model, feeds, names)`` returns the named tensors for every feed (a real onnxruntime run).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    smoothed = onnx.ModelProto()
+    smoothed.CopyFrom(model)
+    graph = smoothed.graph
+    initializers = {init.name: init for init in graph.initializer}
+    readers: dict[str, list[Any]] = defaultdict(list)
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in initializers and len(initializers[node.input[1]].dims) == 2:
+            readers[node.input[0]].append(node)
+    if not readers:
+        return smoothed, Smoothing(0, 0, 0.0, 0.0)
+    captured = run(_with_outputs(model, list(readers)), feeds, list(readers))
+    total_before = total_after = total_reference = 0.0
+    scaled: dict[str, np.ndarray] = {}
+    for tensor, nodes in readers.items():
+        weights = [numpy_helper.to_array(initializers[node.input[1]]) for node in nodes]
+        joined = np.concatenate(weights, axis=1)
+        activations = [np.asarray(run_output[tensor], np.float32) for run_output in captured]
+        activations = [a.reshape(-1, a.shape[-1]) for a in activations if a.size]
+        if not activations or activations[0].shape[-1] != joined.shape[0]:
+            continue
+        reference = sum(float(np.square(a @ joined).sum()) for a in activations)
+        best_alpha, best_error, best_scale = 0.0, np.inf, None
+        for alpha in ALPHAS:
+            scale = _scale(activations, joined, alpha)
+            error = sum(_quantized_error(a / scale, joined * scale[:, None], a @ joined) for a in activations)
+            if alpha == 0.0:
+                total_before += error
+            if error < best_error:
+                best_alpha, best_error, best_scale = alpha, error, scale
+        total_after += best_error
+        total_reference += reference
+        if best_alpha > 0.0 and best_scale is not None:
+            scaled[tensor] = best_scale
+    _rewrite(graph, readers, scaled, initializers)
+    relative = max(total_reference, 1e-30)
+    return smoothed, Smoothing(len(readers), len(scaled), total_before / relative, total_after / relative)
+
+
+def _scale(activations: list[np.ndarray], weight: np.ndarray, alpha: float) -> np.ndarray:
+    if alpha == 0.0:
+        return np.ones(weight.shape[0], np.float32)
+    x_max = np.max([np.abs(a).max(axis=0) for a in activations], axis=0)
+    w_max = np.abs(weight).max(axis=1)
+    scale = np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)
+    return scale.astype(np.float32)
+
+
+def _quantized_error(x: np.ndarray, weight: np.ndarray, exact: np.ndarray) -> float:
+    """Sum of squared errors of ``x·weight`` as onnxruntime's dynamic int8 computes it, against ``exact``."""
+    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    step = (high - low) / LEVELS or 1.0
+    zero = np.round(-low / step)
+    x_q = (np.clip(np.round(x / step) + zero, 0, LEVELS) - zero) * step
+    w_step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / WEIGHT_LEVELS
+    w_q = np.round(weight / w_step) * w_step
+    return float(np.square(x_q @ w_q - exact).sum())
+
+
+def _with_outputs(model: Any, names: list[str]) -> Any:
+    """A copy of ``model`` that also returns the named intermediate tensors."""
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {output.name for output in probe.graph.output}
+    for name in names:
+        if name not in present:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return probe
+
+
+def _rewrite(graph: Any, readers: dict[str, list[Any]], scaled: dict[str, np.ndarray],
+             initializers: dict[str, Any]) -> None:  # fmt: skip
+    """Mul(x, 1/s) before the MatMuls that read x; their weights' rows times s."""
+    from onnx import helper, numpy_helper
+
+    from pe_export.converters.onnx_rewrites import drop_unread_initializers
+
+    inserted: dict[str, Any] = {}
+    for index, (tensor, scale) in enumerate(scaled.items()):
+        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"smooth_{index}__inverse")
+        graph.initializer.append(inverse)
+        output = f"smooth_{index}__x"
+        inserted[output] = helper.make_node("Mul", [tensor, inverse.name], [output], name=f"smooth_{index}")
+        for node in readers[tensor]:
+            weight = numpy_helper.to_array(initializers[node.input[1]]) * scale[:, None]
+            name = f"{node.input[1]}__smoothed_{index}"
+            graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), name))
+            node.input[0], node.input[1] = output, name
+    nodes = []
+    for node in graph.node:  # each Mul right before its first reader: the order stays topological
+        for name in node.input:
+            if name in inserted:
+                nodes.append(inserted.pop(name))
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    drop_unread_initializers(graph)

@@ -1,0 +1,115 @@
+"""Dynamic-range int8 for TFLite, edited on the flatbuffer: weights put back in float32 run as float
+kernels, activations smoothed into the weights cut the int8 error, and an export meets the target it
+is asked for, each checked in the installed TFLite runtime."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pe_export.api import export_tflite
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+
+
+@pytest.fixture(scope="module")
+def outlier_files() -> tuple[bytes, bytes]:
+    """(float32 file, the converter's dynamic-range file) of z = x·W2, u = relu(x·W1)·W3 (each weight over the
+    converter's 1,024-value minimum for quantizing it)."""
+    from pe_export.native import import_tensorflow
+
+    tf = import_tensorflow()
+    rng = np.random.default_rng(5)
+    w1, w2, w3 = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ((64, 48), (64, 32), (48, 32)))
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+        def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"z": tf.matmul(x, w2), "u": tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w3)}
+
+    model = Model()
+    files = []
+    for quantize in (False, True):
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([model.__call__.get_concrete_function()], model)
+        if quantize:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        files.append(converter.convert())
+    return files[0], files[1]
+
+
+def feeds(seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    result = []
+    for _ in range(4):
+        x = rng.normal(size=(12, 64)).astype(np.float32)
+        x[:, 3] *= 60.0  # one outlier channel
+        result.append({"x": x})
+    return result
+
+
+def run(data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path) -> list[dict[str, np.ndarray]]:
+    from pe_export.converters.tflite_int8 import _run
+
+    return _run(data, inputs, tmp_path)
+
+
+def relative_error(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> float:
+    error = sum(float(np.square(g[k] - w[k]).sum()) for g, w in zip(got, want, strict=True) for k in w)
+    return error / sum(float(np.square(w[k]).sum()) for w in want for k in w)
+
+
+def test_weights_put_back_in_float_run_as_float(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    from pe_export.converters.tflite_int8 import DynamicRangeFile
+
+    float_file, quantized = outlier_files
+    edited = DynamicRangeFile(quantized, float_file)
+    assert len(edited.weights) == 3  # the three FULLY_CONNECTED weights, matched to the float file by name
+    inputs = feeds(7)
+    untouched = edited.build([])
+    assert len(untouched) == pytest.approx(len(quantized), rel=0.02)
+    for got, want in zip(run(untouched, inputs, tmp_path), run(quantized, inputs, tmp_path), strict=True):
+        assert all(np.array_equal(got[k], want[k]) for k in want)  # the objects round-trip exactly
+    all_float = edited.build(list(edited.weights))
+    reference = run(float_file, inputs, tmp_path)
+    assert relative_error(run(all_float, inputs, tmp_path), reference) < 1e-12
+    assert relative_error(run(quantized, inputs, tmp_path), reference) > 1e-6
+    grown, values = len(all_float) - len(untouched), sum(w.values.size for w in edited.weights.values())
+    assert 0.9 * 3 * values <= grown <= 3 * values  # 4 B a value instead of 1, less the per-channel scales
+    assert edited.build([]) == untouched  # build leaves the objects as they were
+
+
+def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
+
+    float_file, quantized = outlier_files
+    edited = DynamicRangeFile(quantized, float_file)
+    assert sorted(len(names) for names in edited.smoothable().values()) == [1, 2]  # x read twice, relu(y) once
+    smoothing = edited.smooth(_captured(float_file, feeds(6), list(edited.smoothable()), tmp_path))
+    held_out = feeds(7)
+    reference = run(float_file, held_out, tmp_path)
+    plain = relative_error(run(quantized, held_out, tmp_path), reference)
+    smooth = relative_error(run(edited.build([]), held_out, tmp_path), reference)
+    print(f"int8 relative error on held-out inputs: converter {plain:.3e}, smoothed {smooth:.3e}; {smoothing.note()}")
+    assert smoothing.smoothed >= 1 and smoothing.error_after < smoothing.error_before
+    assert smooth < 0.5 * plain
+    # Smoothed and every weight back in float32: the float file's arithmetic (x/s · s·W).
+    assert relative_error(run(edited.build(list(edited.weights)), held_out, tmp_path), reference) < 1e-10
+
+
+def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
+    model = saved_model("encoder_dynamic")
+    default = export_tflite(model, tmp_path / "default.tflite", ExportOptions(quantize="dynamic-int8"))
+    strict = export_tflite(model, tmp_path / "strict.tflite",
+                           ExportOptions(quantize="dynamic-int8", min_cosine=0.99999))  # fmt: skip
+    default_note = next(n for n in default.notes if n.startswith("int8:"))
+    strict_note = next(n for n in strict.notes if n.startswith("int8:"))
+    print(default_note, default.parity.min_cosine, "|", strict_note, strict.parity.min_cosine)
+    total = int(re.search(r"(\d+) int8 weights", default_note)[1])
+    assert default.exit_code == ExitCode.OK and f"all {total} int8 weights quantized" in default_note
+    assert default.parity.min_cosine < 0.99999  # what the strict target must correct
+    kept = re.search(rf"(\d+) of {total} int8 weights kept in float", strict_note)
+    assert strict.exit_code == ExitCode.OK and kept and 1 <= int(kept[1]) <= total
+    assert strict.parity.min_cosine >= 0.99999 and default.summary.file_bytes < strict.summary.file_bytes
