@@ -125,10 +125,13 @@ class OutputAccumulator:
             weights = valid[:, :, None].astype(np.float64)
             count = np.maximum(weights.sum(axis=1), 1.0)
             pooled_a, pooled_e = (a * weights).sum(axis=1) / count, (e * weights).sum(axis=1) / count
-            norms = np.linalg.norm(pooled_a, axis=1) * np.linalg.norm(pooled_e, axis=1)
-            rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norms, _TINY)
-            worst = float(np.min(np.where(np.isfinite(rows), rows, -1.0)))
-            self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)
+            norm_a, norm_e = np.linalg.norm(pooled_a, axis=1), np.linalg.norm(pooled_e, axis=1)
+            rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norm_a * norm_e, _TINY)
+            rows = np.where((norm_a == 0) & (norm_e == 0), 1.0, rows)  # as the flattened cosine: 0 matches 0
+            rows = np.where(np.isfinite(rows), rows, -1.0)[valid.any(axis=1)]  # a row with no token has no mean
+            if rows.size:
+                worst = float(rows.min())
+                self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)
         if labels is not None:
             counted = labels >= 0
             if valid is not None and labels.shape == valid.shape:
