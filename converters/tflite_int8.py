@@ -3,18 +3,19 @@ weights, then the weights that cost the most accuracy put back in float32 until 
 search in ``keep_float``).
 
 The converter's dynamic-range mode (int8 weights per output channel, activations quantized per row
-at run time) has no per-op denylist and no smoothing, and a Mul placed before a FULLY_CONNECTED in the
-TensorFlow graph is folded back into its weights by the converter. So both happen on the flatbuffer,
-with the float32 file of the same graph (the same converter, the same tensor names) as the source of
-the float weights and activations:
+at run time) has no per-op denylist and no smoothing, and a Mul placed right before a MatMul in the
+TensorFlow graph is folded back into its weights (measured: relu(x)·c then MatMul converts to RELU,
+FULLY_CONNECTED). So both happen on the flatbuffer, with the float32 file of the same graph (the same
+converter, the same tensor names) as the source of the float weights and activations:
 
 - smoothing (SmoothQuant, as in ``onnx_smooth``): for a FULLY_CONNECTED ``x·Wᵀ``, a MUL by 1/s on x and
   W's input columns times s, requantized per output channel; α per input tensor from a grid, by a
   simulation of the hybrid kernel's per-row quantization on the captured activations;
-- keep-float: a hybrid kernel also takes a float32 weight and then runs as a float kernel.
+- keep-float: a hybrid kernel also takes a float32 weight and then runs as a float kernel; an int8
+  table read by GATHER then DEQUANTIZE is gathered in float32 straight into the DEQUANTIZE's output.
 
-Measured on all-MiniLM-L6-v2, worst of 8 real sentences' pooled cosine: 0.99838 with every weight
-int8 as the converter writes it.
+Measured on all-MiniLM-L6-v2, worst of 8 real sentences' pooled cosine: 0.99838 as the converter
+writes it; 0.99892 smoothed, every weight int8; 0.99914 asked for 0.999 (3 of 38 weights float).
 """
 
 from __future__ import annotations
