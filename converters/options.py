@@ -34,6 +34,7 @@ class ExportOptions:
     opset: int = DEFAULT_ONNX_OPSET  # ONNX only
     verify: bool = True
     overwrite: bool = False
+    keep_failed: bool = False  # a file that fails verification is kept as NAME.FAILED.ext instead of dropped
     tables: TableOptions = field(default_factory=TableOptions)  # find / compress / retarget position tables
     text: TextInputs | None = None  # --text FILE (--tokenizer): real inputs to verify, calibrate and judge on
     inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)

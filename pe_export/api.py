@@ -18,7 +18,7 @@ from pe_export.constants import (
 )
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
-from pe_export.fileio import atomic_write_bytes, check_output_path
+from pe_export.fileio import check_output_path, publish, staged_file
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult, compare_runners
@@ -46,6 +46,8 @@ class ExportReport:
     converter_log: str = ""
     tables: list[TableResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the exporter changed to make the file run
+    written: bool = True  # False: the file failed verification and nothing was put at ``output``
+    kept_failed: Path | None = None  # --keep-failed: where the failing file was kept instead
 
     @property
     def lossy_tables(self) -> list[TableResult]:
@@ -67,14 +69,19 @@ class ExportReport:
             assert self.parity is not None
             case, worst = self.parity.failures()[0]
             lossy = ", ".join(f"{t.table.name} ({t.method}, table error {t.max_error:.3g})" for t in self.lossy_tables)
+            if self.kept_failed is not None:
+                what = f"{self.output} was not written; the failing file is kept as {self.kept_failed} (--keep-failed):"
+            else:
+                what = (f"{self.output} was not written (--keep-failed keeps a failing file as "
+                        f"{failed_output_path(self.output).name}):")  # fmt: skip
             if lossy:
                 raise ParityError(
-                    f"{self.output} was written but lossy table compression breaks parity: {lossy}; output "
-                    f"{worst.name!r} max abs error {worst.max_abs:.3g} over atol {self.parity.tolerance.atol:g}. "
-                    "Use a larger --compress, --compress-method angle where the table is a sinusoid, or --allow-lossy"
+                    f"{what} lossy table compression breaks parity: {lossy}; output {worst.name!r} max abs error "
+                    f"{worst.max_abs:.3g} over atol {self.parity.tolerance.atol:g}. Use a larger --compress, "
+                    "--compress-method angle where the table is a sinusoid, or --allow-lossy"
                 )
             raise ParityError(
-                f"{self.output} was written but does not match the TensorFlow float32 reference: output "
+                f"{what} it does not match the TensorFlow float32 reference: output "
                 f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, {worst.cosines()} "
                 f"(tolerance atol {self.parity.tolerance.atol:g}, rtol {self.parity.tolerance.rtol:g}, "
                 f"cosine ≥ {self.parity.tolerance.min_cosine:g})"
@@ -86,12 +93,29 @@ class ExportReport:
             )
 
 
-def export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    return _judged_by_accuracy(_export_tflite, Path(saved_model), Path(output), options, quiet)
+def export_tflite(saved_model: Path, output: Path | None, options: ExportOptions, *,
+                  quiet: bool = True) -> ExportReport:  # fmt: skip
+    """SavedModel → verified .tflite at ``output`` (None: ``default_output_path``)."""
+    output = default_output_path(saved_model, "tflite") if output is None else Path(output)
+    return _judged_by_accuracy(_export_tflite, Path(saved_model), output, options, quiet)
 
 
-def export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    return _judged_by_accuracy(_export_onnx, Path(saved_model), Path(output), options, quiet)
+def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
+    """SavedModel → verified .onnx at ``output`` (None: ``default_output_path``)."""
+    output = default_output_path(saved_model, "onnx") if output is None else Path(output)
+    return _judged_by_accuracy(_export_onnx, Path(saved_model), output, options, quiet)
+
+
+def default_output_path(saved_model: Path, target: str) -> Path:
+    """Where an export goes without -o: ``<model folder name>.<target>`` in the current folder."""
+    name = Path(saved_model).resolve().name or "model"
+    return Path(f"{name}.{target}")
+
+
+def failed_output_path(output: Path) -> Path:
+    """Where --keep-failed keeps a file that failed verification: the name says so."""
+    output = Path(output)
+    return output.with_name(f"{output.stem}.FAILED{output.suffix}")
 
 
 def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: ExportOptions,
@@ -105,6 +129,8 @@ def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: E
     assert report.parity is not None
     _, worst = report.parity.failures()[0]
     keep = tuple(t.table.node for t in chosen)
+    if report.kept_failed is not None:  # superseded by the file made again
+        report.kept_failed.unlink(missing_ok=True)
     retry = replace(options, overwrite=True, tables=replace(options.tables, keep=keep))
     kept = export(saved_model, output, retry, quiet=quiet)
     for table in chosen:
@@ -316,35 +342,47 @@ def verification_feeds(
 
 
 def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list[str] | None = None) -> ExportReport:
-    atomic_write_bytes(job.output, data, overwrite=job.options.overwrite)
+    """Stage the file beside its target, verify it there, and only then put it at the output path: a file
+    that fails verification, or a run interrupted before the end, leaves nothing at the output."""
     report = ExportReport(
         job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
         tables=job.prepared.results if job.prepared else [], notes=notes or [],
     )  # fmt: skip
-    if not job.options.verify:
-        return report
-    runnable = [v for v in summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
-    runner_name = first_installed_runner(job.output)
-    if not runnable:
-        report.unverified_reason = f"no pip runtime runs it ({summary.runs_on[0].why})"
-        return report
-    if runner_name is None:
-        report.unverified_reason = (
-            f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
-        )
-        return report
-    report.parity = verify_export(job, runner_name)
+    with staged_file(job.output) as staged:
+        staged.write_bytes(data)
+        if job.options.verify:
+            _verify_staged(job, report, staged)
+        if report.exit_code == ExitCode.PARITY_FAILED:
+            report.written = False
+            if job.options.keep_failed:
+                report.kept_failed = failed_output_path(job.output)
+                publish(staged, report.kept_failed, overwrite=True)
+            return report
+        publish(staged, job.output, overwrite=job.options.overwrite)
     return report
 
 
-def verify_export(job: _Job, runner_name: str) -> ParityResult:
+def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:
+    runnable = [v for v in report.summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
+    runner_name = first_installed_runner(staged)
+    if not runnable:
+        report.unverified_reason = f"no pip runtime runs it ({report.summary.runs_on[0].why})"
+    elif runner_name is None:
+        report.unverified_reason = (
+            f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
+        )
+    else:
+        report.parity = verify_export(job, runner_name, staged)
+
+
+def verify_export(job: _Job, runner_name: str, path: Path) -> ParityResult:
     from pe_export.runners.savedmodel import SavedModelRunner
 
     precision = job.options.precision
     feeds, valid = job.check_feeds()
     tolerance = job.options.tolerance
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
-    with reference, create_runner(runner_name, job.output) as candidate:
+    with reference, create_runner(runner_name, path) as candidate:
         return compare_runners(
             reference, candidate, feeds, precision=precision, tolerance=tolerance, valid=valid
         )

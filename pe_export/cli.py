@@ -56,7 +56,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         options = [
             click.argument("saved_model", type=click.Path(path_type=Path)),
-            click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="File to write."),
+            click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+                         help="File to write (default: <SAVED_MODEL folder name>.tflite/.onnx here)."),
             click.option("--signature", default=None, help="SavedModel signature (default: serving_default)."),
             click.option("--seq-len", type=int, default=None, help="Fix the sequence axis to this length."),
             click.option("--dynamic-seq", is_flag=True, help="Make the sequence axis dynamic."),
@@ -72,6 +73,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--min-cosine", type=float, default=None,
                          help="Ask more than the precision's cosine (the check, and what int8 must reach)."),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
+            click.option("--keep-failed", is_flag=True,
+                         help="Keep a file that fails verification, as NAME.FAILED.ext (default: nothing is written)."),
             click.option("--compress", type=int, default=None, help="Store at most K values per position in tables."),
             click.option("--compress-method", type=click.Choice(list(COMPRESS_METHODS)), default="auto",
                          show_default=True, help="angle: exact for sinusoids; svd: lossy; interp: the seed's recipe."),
@@ -102,6 +105,7 @@ def _export_options(**values: Any) -> Any:
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
         verify=not values["no_verify"],
         overwrite=values["overwrite"],
+        keep_failed=values["keep_failed"],
         min_cosine=values["min_cosine"],
         text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
         inputs=values["inputs"],
@@ -168,7 +172,7 @@ def _print_export(report: Any, verbose: bool) -> int:
 @export_options(TFLITE_QUANTIZE_MODES)
 @click.option("--builtins-only", is_flag=True, help="Refuse models that need select TF (Flex) ops.")
 @click.pass_context
-def tflite(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> int:
+def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
     """Export SAVED_MODEL to a .tflite file (builtins + select TF ops unless --builtins-only)."""
     from pe_export.api import export_tflite
 
@@ -183,7 +187,7 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -
 @export_options(ONNX_QUANTIZE_MODES)
 @click.option("--opset", type=int, default=DEFAULT_ONNX_OPSET, show_default=True, help="ONNX opset.")
 @click.pass_context
-def onnx(ctx: click.Context, saved_model: Path, output: Path, **values: Any) -> int:
+def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
     """Export SAVED_MODEL to a .onnx file that passes onnx.checker and loads in onnxruntime."""
     from pe_export.api import export_onnx
 
@@ -275,13 +279,20 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
-def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, **values: Any) -> int:
+@click.option("--overwrite", is_flag=True, help="Replace existing --json and --plot files.")
+def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, overwrite: bool,
+           **values: Any) -> int:  # fmt: skip
     """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
-    from pe_export.fileio import atomic_write_bytes
+    from pe_export.fileio import atomic_write_bytes, check_output_path
     from pe_export.parity.harness import ParityOptions, check_parity
+    from pe_export.parity.plot import check_plot_output
     from pe_export.parity.tolerances import parse_overrides
     from pe_export.report import format_parity_report
 
+    if json_path:  # every output path is checked before the work starts
+        check_output_path(json_path, overwrite=overwrite, suffix=".json", flag="--json")
+    if plot:
+        check_plot_output(plot, overwrite=overwrite)
     atol, output_atol = parse_overrides(values["atol"], "--atol")
     rtol, output_rtol = parse_overrides(values["rtol"], "--rtol")
     runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
@@ -306,11 +317,11 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))
     if json_path:
-        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=True)
+        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=overwrite)
     if plot:
         from pe_export.parity.plot import write_profile_plot
 
-        write_profile_plot([(model.name, report)], plot)
+        write_profile_plot([(model.name, report)], plot, overwrite=overwrite)
     if not report.passed:
         raise ParityError(report.failure_message())
     return ExitCode.OK
@@ -330,11 +341,15 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 @click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {DEFAULT_WARMUP}).")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
-def bench(model: Path, json_path: Path | None, **values: Any) -> int:
+@click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
+def bench(model: Path, json_path: Path | None, overwrite: bool, **values: Any) -> int:
     """Measure latency, throughput and memory of MODEL (.tflite/.onnx) on one runtime."""
     from pe_export.bench import BenchOptions, run_bench
-    from pe_export.fileio import atomic_write_bytes
+    from pe_export.fileio import atomic_write_bytes, check_output_path
     from pe_export.report import format_bench
+
+    if json_path:
+        check_output_path(json_path, overwrite=overwrite, suffix=".json", flag="--json")
 
     runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
     settings = dict(profile.bench) if profile else {}
@@ -348,7 +363,7 @@ def bench(model: Path, json_path: Path | None, **values: Any) -> int:
         result = run_bench(model, options, progress=advance)
     click.echo("\n".join(format_bench(result)))
     if json_path:
-        atomic_write_bytes(json_path, json.dumps(result.to_dict(), indent=2).encode(), overwrite=True)
+        atomic_write_bytes(json_path, json.dumps(result.to_dict(), indent=2).encode(), overwrite=overwrite)
     return ExitCode.OK
 
 
@@ -368,8 +383,9 @@ def targets() -> int:
 
 @cli.command()
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Folder for the demo's files.")
+@click.option("--overwrite", is_flag=True, help="Replace the demo's file names in a folder it did not make.")
 @click.pass_context
-def demo(ctx: click.Context, out: Path | None) -> int:
+def demo(ctx: click.Context, out: Path | None, overwrite: bool) -> int:
     """Export the bundled reference encoder to TFLite and ONNX (fp32, fp16, int8) and verify each."""
     from pe_export.demo import DEFAULT_DEMO_DIR, run_demo
     from pe_export.report import format_demo
@@ -377,7 +393,7 @@ def demo(ctx: click.Context, out: Path | None) -> int:
     def progress(message: str) -> None:
         click.echo(f"… {message}", err=True)
 
-    result = run_demo(out or DEFAULT_DEMO_DIR, progress=progress, quiet=not ctx.obj["verbose"])
+    result = run_demo(out or DEFAULT_DEMO_DIR, progress=progress, quiet=not ctx.obj["verbose"], overwrite=overwrite)
     click.echo("\n".join(format_demo(result)))
     return int(result.exit_code)
 

@@ -20,6 +20,7 @@ from pe_export.api import ExportReport, export_onnx, export_tflite
 from pe_export.bench import time_calls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, PeExportError
+from pe_export.fileio import atomic_write_bytes
 from pe_export.parity.harness import ParityOptions, ParityReport, check_parity
 from pe_export.runners import create_runner, first_installed_runner, installed_runners
 from pe_export.tables.pipeline import TableOptions
@@ -106,18 +107,50 @@ class DemoResult:
         return [variant.row() for variant in self.variants]
 
 
+# What the demo writes in its folder; a folder that holds any of them and is not the demo's own (no marker)
+# is the user's, and is not written into without --overwrite.
+DEMO_MARKER = ".pe-export-demo"
+DEMO_OUTPUTS = ("reference_encoder", "learned_table_encoder", "golden", "golden_learned", "task_inputs.npz",
+                "task_labels.npz", "report.json", "position_error.png", "encoder.*", "learned-table.encoder.*")
+
+
+def check_demo_folder(directory: Path, *, overwrite: bool) -> None:
+    """Before any work: the demo may write in ``directory`` (absent, its own, empty of its names, or
+    --overwrite), and can."""
+    from pe_export.errors import OutputExistsError
+    from pe_export.fileio import check_output_folder
+
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise BadInputError(f"--out {directory} is a file; expected a directory for the demo's outputs")
+    if not directory.exists():
+        check_output_folder(directory.parent, flag="--out", what=str(directory))
+        return
+    check_output_folder(directory, flag="--out", what=str(directory))
+    if overwrite or (directory / DEMO_MARKER).is_file():
+        return
+    taken = sorted({path.name for pattern in DEMO_OUTPUTS for path in directory.glob(pattern)})
+    if taken:
+        raise OutputExistsError(
+            f"--out {directory} already holds {', '.join(taken[:4])}{', …' if len(taken) > 4 else ''}, which the demo "
+            "would replace; pass --overwrite to replace them, or --out a new folder"
+        )
+
+
 def run_demo(
-    directory: Path = DEFAULT_DEMO_DIR, *, progress: Callable[[str], None] | None = None, quiet: bool = True
+    directory: Path = DEFAULT_DEMO_DIR, *, progress: Callable[[str], None] | None = None, quiet: bool = True,
+    overwrite: bool = False,
 ) -> DemoResult:
+    from pe_export.fileio import folder_mode
     from pe_export.golden import GoldenOptions, make_golden
     from pe_export.native import import_tensorflow
     from pe_export.parity.bundle import IGNORED_LABEL
     from pe_export.reference import task
 
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise BadInputError(f"--out {directory} is a file; expected a directory for the demo's outputs")
-    directory.mkdir(parents=True, exist_ok=True)
+    check_demo_folder(directory, overwrite=overwrite)
+    directory.mkdir(parents=True, exist_ok=True, mode=folder_mode())
+    (directory / DEMO_MARKER).write_text("written by pe-export demo; a rerun may replace this folder's files\n")
     steps = 3 + len(DEMO_VARIANTS)
     say = progress or (lambda _message: None)
     import_tensorflow()
@@ -152,11 +185,14 @@ def run_demo(
     say(f"[{steps}/{steps}] writing report.json and the per-position error plot")
     plot = _plot(variants, directory / "position_error.png")
     result = DemoResult(directory, saved_model, variants, plot)
-    (directory / "report.json").write_text(json.dumps({"variants": result.rows()}, indent=2))
+    atomic_write_bytes(directory / "report.json", json.dumps({"variants": result.rows()}, indent=2).encode(),
+                       overwrite=True)  # fmt: skip
     return result
 
 
 def _check_variant(name: str, report: ExportReport, golden: Path) -> VariantResult:
+    if not report.written:  # failed its own verification: nothing to check or time
+        return VariantResult(name, report, [], None, [f"not written: it failed verification ({report.output})"])
     checks, errors = [], []
     for runtime in installed_runners(report.output):
         try:

@@ -1,47 +1,91 @@
-"""Atomic output: write to a temporary file beside the target, then rename over it."""
+"""Safe output: every path checked before the work starts, files staged beside their target and renamed
+into place only when they are whole (and, for exports, verified), with the permissions the user's umask
+gives any other tool's files."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from pe_export.errors import BadInputError, OutputExistsError
 
 
-def check_output_path(path: Path, *, overwrite: bool, suffix: str) -> None:
-    """Refuse early: wrong suffix, missing parent, a directory, or an existing file without overwrite."""
+def check_output_path(path: Path, *, overwrite: bool, suffix: str, flag: str = "-o") -> None:
+    """Refuse early: wrong suffix, a directory, a missing or unwritable folder, or an existing file
+    without overwrite."""
+    path = Path(path)
     if path.suffix.lower() != suffix:
-        raise BadInputError(f"output {path} should end in {suffix}; pass -o NAME{suffix}")
+        raise BadInputError(f"{flag} {path}: expected a file name ending in {suffix}; pass {flag} NAME{suffix}")
     if path.is_dir():
-        raise BadInputError(f"output {path} is a directory; pass a file name ending in {suffix}")
-    if not path.parent.exists():
-        raise BadInputError(f"output folder {path.parent} does not exist; create it first")
-    if path.exists() and not overwrite:
+        raise BadInputError(f"{flag} {path} is a directory; pass a file name ending in {suffix}")
+    check_output_folder(path.parent, flag=flag, what=str(path))
+    if (path.exists() or path.is_symlink()) and not overwrite:
         raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it")
+
+
+def check_output_folder(folder: Path, *, flag: str, what: str) -> None:
+    """The folder an output goes in exists and this user can create files there."""
+    folder = Path(folder) if str(folder) else Path(".")
+    if not folder.is_dir():
+        raise BadInputError(f"{flag} {what}: folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInputError(f"{flag} {what}: cannot create files in {folder} (permission denied); "
+                            "choose a folder you can write")  # fmt: skip
+
+
+def file_mode() -> int:
+    """What the umask gives a new file (0o644 under the usual 022), as open() would."""
+    return 0o666 & ~_umask()
+
+
+def folder_mode() -> int:
+    """What the umask gives a new folder (0o755 under the usual 022), as mkdir would."""
+    return 0o777 & ~_umask()
+
+
+def _umask() -> int:
+    current = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(current)
+    return current
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool) -> None:
     """Write ``data`` so that ``path`` is either absent/old or complete, never partial."""
+    with staged_file(path) as temp:
+        temp.write_bytes(data)
+        publish(temp, path, overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def staged_file(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` with the same suffix (runtimes choose by it), removed on exit
+    unless published: an interrupted or failed run leaves nothing behind."""
     path = Path(path)
-    descriptor, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    descriptor, temp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".partial{path.suffix}",
+                                             dir=path.parent)  # fmt: skip
+    os.close(descriptor)
     temp = Path(temp_name)
     try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        if overwrite:
-            os.replace(temp, path)
-        else:
-            # link() fails if the target appeared meanwhile: no silent overwrite by a racing writer.
-            try:
-                os.link(temp, path)
-            except FileExistsError as err:
-                raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it") from err
-            temp.unlink()
+        yield temp
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+
+
+def publish(temp: Path, path: Path, *, overwrite: bool) -> None:
+    """Make the staged ``temp`` the file at ``path``: synced, the umask's permissions, renamed into place."""
+    with open(temp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.chmod(temp, file_mode())
+    if overwrite:
+        os.replace(temp, path)
+        return
+    # link() fails if the target appeared meanwhile: no silent overwrite by a racing writer.
+    try:
+        os.link(temp, path)
+    except FileExistsError as err:
+        raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it") from err
+    temp.unlink()

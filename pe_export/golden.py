@@ -16,6 +16,7 @@ import numpy as np
 from pe_export import __version__
 from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN
 from pe_export.errors import BadInputError, OutputExistsError
+from pe_export.fileio import folder_mode
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
 from pe_export.parity.bundle import (
     BUNDLE_FORMAT,
@@ -122,7 +123,8 @@ def make_golden(
     reference = SavedModelRunner(saved_model, signature=options.signature, loaded=loaded)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
-        (work / "batches").mkdir()
+        os.chmod(work, folder_mode())  # mkdtemp makes 0700: a bundle is for other users (the device images) too
+        (work / "batches").mkdir(mode=folder_mode())
         entries, total = [], 0
         with reference:
             for index, (feed, valid) in enumerate(batches):

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-from pe_export.errors import missing_extra
+from pe_export.errors import BadInputError, missing_extra
+from pe_export.fileio import check_output_path, publish, staged_file
 from pe_export.parity.harness import ParityReport
 
 
-def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path) -> None:
+def check_plot_output(path: Path, *, overwrite: bool) -> None:
+    """Before any work: --plot needs matplotlib and a .png path that can be written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise BadInputError(f"--plot {path}: matplotlib is not installed; install it with: "
+                            "pip install 'pe-export[plot]', or drop --plot") from None  # fmt: skip
+    check_output_path(path, overwrite=overwrite, suffix=".png", flag="--plot")
+
+
+def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path, *, overwrite: bool = True) -> None:
     """One line per (variant, output) with a position profile; written atomically."""
     try:
         import matplotlib
@@ -32,12 +41,9 @@ def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path) -> N
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.tight_layout()
-    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=Path(path).parent)
-    os.close(descriptor)
     try:
-        figure.savefig(temp, dpi=110)
-        os.replace(temp, path)
+        with staged_file(Path(path)) as temp:
+            figure.savefig(temp, dpi=110, format="png")
+            publish(temp, Path(path), overwrite=overwrite)
     finally:
         plt.close(figure)
-        if os.path.exists(temp):
-            os.unlink(temp)

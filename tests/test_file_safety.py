@@ -1,0 +1,158 @@
+"""Every file pe-export writes or reads is safe to hand to another user, another process and a failed run:
+default output names, paths checked before the work, nothing left by a failed export, the umask's
+permissions, refusals of what is not a model — all through the real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pe_export.errors import ExitCode
+from tests.helpers import assert_one_line_error, run_cli
+
+MODEL = "encoder_dynamic"
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_default_output_is_the_model_folder_name_here(capfd, saved_model, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The design card's own command, `pe-export tflite saved_model/ --compress 64`, works as written."""
+    model = tmp_path / "saved_model"
+    shutil.copytree(saved_model(MODEL), model)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = run_cli(capfd, "tflite", f"{model}/", "--compress", "64")
+    assert result.exit_code == 0, result.stderr
+    assert listing(work) == ["saved_model.tflite"] and "OK: wrote saved_model.tflite" in result.stdout
+    again = run_cli(capfd, "tflite", model, "--compress", "64")
+    assert_one_line_error(again, ExitCode.BAD_INPUT, "saved_model.tflite already exists", "--overwrite")
+    listed = run_cli(capfd, "onnx", model, "--list-tables")  # writes nothing, needs no -o
+    assert listed.exit_code == 0 and "position tables in" in listed.stdout
+    assert listing(work) == ["saved_model.tflite"]
+
+
+def test_a_failed_export_leaves_nothing_unless_kept_by_name(capfd, saved_model, tmp_path: Path) -> None:
+    lossy = ["--compress", "2", "--compress-method", "interp"]  # the seed's recipe: parity fails (exit 1)
+    result = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy)
+    assert_one_line_error(result, ExitCode.PARITY_FAILED, "m.tflite was not written", "--keep-failed keeps",
+                          "m.FAILED.tflite")  # fmt: skip
+    assert listing(tmp_path) == []
+    kept = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy,
+                   "--keep-failed")  # fmt: skip
+    assert_one_line_error(kept, ExitCode.PARITY_FAILED, "the failing file is kept as", "m.FAILED.tflite")
+    assert listing(tmp_path) == ["m.FAILED.tflite"]
+
+
+def test_outputs_have_the_permissions_the_umask_gives(capfd, saved_model, tmp_path: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        model = saved_model(MODEL)
+        assert run_cli(capfd, "onnx", model, "-o", tmp_path / "m.onnx").exit_code == 0
+        assert run_cli(capfd, "golden", model, "-o", tmp_path / "golden", "--samples", "4").exit_code == 0
+        checked = run_cli(capfd, "parity", tmp_path / "m.onnx", tmp_path / "golden", "--json", tmp_path / "r.json",
+                          "--plot", tmp_path / "p.png")  # fmt: skip
+        assert checked.exit_code == 0, checked.stderr
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+    print(modes)
+    folders = {name for name in modes if (tmp_path / name).is_dir()}
+    assert folders == {"golden", "golden/batches"} and all(modes[name] == 0o755 for name in folders)
+    assert all(mode == 0o644 for name, mode in modes.items() if name not in folders)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching to another uid needs root")
+def test_another_user_can_read_a_bundle_and_a_model(capfd, saved_model, tmp_path: Path) -> None:
+    """What the device images do (they run as uid 1000): read a bundle made by someone else."""
+    import pwd
+
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user on this machine")
+    shared = Path(os.environ.get("TMPDIR", "/tmp")) / f"pe-export-shared-{os.getpid()}"
+    shared.mkdir(mode=0o755)
+    try:
+        os.chmod(shared, 0o755)
+        previous = os.umask(0o022)
+        try:
+            made = run_cli(capfd, "golden", saved_model(MODEL), "-o", shared / "golden", "--samples", "4")
+            assert made.exit_code == 0
+            assert run_cli(capfd, "tflite", saved_model(MODEL), "-o", shared / "m.tflite").exit_code == 0
+        finally:
+            os.umask(previous)
+        files = [str(p) for p in sorted(shared.rglob("*")) if p.is_file()]
+
+        def as_nobody() -> None:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+
+        read = subprocess.run(["cat", *files], preexec_fn=as_nobody, capture_output=True, check=False)
+        assert read.returncode == 0, read.stderr.decode()[-500:]
+        assert len(read.stdout) == sum(Path(f).stat().st_size for f in files)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("make_args", "fragments"),
+    [
+        (lambda d, m, b: ["parity", m, b, "--json", d / "exists.json"], ["exists.json already exists", "--overwrite"]),
+        (lambda d, m, b: ["parity", m, b, "--json", m], ["--json", "expected a file name ending in .json"]),
+        (lambda d, m, b: ["parity", m, b, "--json", d / "nofolder" / "r.json"], ["folder", "does not exist"]),
+        (lambda d, m, b: ["parity", m, b, "--json", d / "exists.json" / "r.json"], ["does not exist"]),
+        (lambda d, m, b: ["parity", m, b, "--plot", d / "p.txt"], ["--plot", "ending in .png"]),
+        (lambda d, m, b: ["parity", m, b, "--plot", d / "exists.png"], ["exists.png already exists"]),
+        (lambda d, m, b: ["bench", m, "--json", d / "exists.json"], ["exists.json already exists", "--overwrite"]),
+        (lambda d, m, b: ["bench", m, "--json", d], ["--json", "ending in .json"]),
+        (lambda d, m, b: ["demo", "--out", d], ["already holds golden, report.json", "--overwrite"]),
+        (lambda d, m, b: ["demo", "--out", d / "exists.json"], ["is a file"]),
+    ],
+)
+def test_output_paths_are_refused_before_the_work(capfd, saved_model, tmp_path: Path, make_args, fragments) -> None:
+    """Each refusal is exit 2, one line, before anything runs (no report printed), nothing replaced."""
+    model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
+    assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
+    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
+    for name in ("exists.json", "exists.png", "report.json"):
+        (tmp_path / name).write_text("the user's own")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = run_cli(capfd, *make_args(tmp_path, model, bundle))
+    assert_one_line_error(result, ExitCode.BAD_INPUT, *fragments)
+    assert result.stdout == ""  # refused before any check, benchmark or export ran
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_replaces_json_and_plot(capfd, saved_model, tmp_path: Path) -> None:
+    model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
+    assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
+    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
+    (tmp_path / "r.json").write_text("old")
+    (tmp_path / "p.png").write_text("old")
+    result = run_cli(capfd, "parity", model, bundle, "--json", tmp_path / "r.json", "--plot", tmp_path / "p.png",
+                     "--overwrite")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is True
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_is_refused_before_the_check(capfd, saved_model, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
+    assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
+    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it now fails, as where it is absent
+    result = run_cli(capfd, "parity", model, bundle, "--plot", tmp_path / "p.png")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "matplotlib is not installed", "pe-export[plot]")
+    assert result.stdout == "" and not (tmp_path / "p.png").exists()
