@@ -18,7 +18,7 @@ from pe_export.constants import (
 )
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
-from pe_export.fileio import check_output_path, publish, staged_file
+from pe_export.fileio import check_output_path, publish, staged_file, write_staged
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.parity.check import ParityResult, compare_runners
@@ -262,13 +262,7 @@ class _Job:
         path = Path(self.options.inputs or "")
         arrays = read_npz(path)
         samples = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
-        feed, valid = next(user_batches(path, arrays, self.specs, samples))
-        for name, bound in self.bounds.items():
-            if name in feed and feed[name].size and not 0 <= int(feed[name].min()) <= int(feed[name].max()) < bound:
-                raise BadInputError(
-                    f"--inputs {path}: {name!r} holds ids {int(feed[name].min())}…{int(feed[name].max())}, but the "
-                    f"table it indexes has {bound} rows; expected ids from 0 to {bound - 1}"
-                )
+        feed, valid = next(user_batches(path, arrays, self.specs, samples, self.bounds))
         return {"inputs": feed}, {"inputs": valid}
 
     @cached_property
@@ -293,8 +287,11 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
-    specs = options.export_specs(signature_input_specs(signature))
+    model_specs = signature_input_specs(signature)
+    specs = options.export_specs(model_specs)
     frozen = FrozenSignature(signature, specs)
+    if options.seq_len is not None:
+        _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
     signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
     prepared = None
@@ -308,6 +305,27 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
+
+
+def _check_length_fits_tables(loaded: LoadedSavedModel, signature: Any, model_specs: list[TensorSpec],
+                              frozen: FrozenSignature, seq_len: int) -> None:  # fmt: skip
+    """--seq-len past a dynamic-length model's position table: what to do instead, in one line."""
+    from pe_export.savedmodel import FrozenSignature
+    from pe_export.tables.pipeline import TableOptions, prepare_graph
+
+    try:
+        _ = frozen.concrete
+    except BadInputError:
+        if any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in model_specs):
+            raise  # a fixed-length model: the message already says so
+        native = FrozenSignature(signature, model_specs)
+        rows = prepare_graph(loaded, native, TableOptions(list_only=True)).position_length()
+        if rows is None or seq_len <= rows:
+            raise
+        raise BadInputError(
+            f"--seq-len {seq_len} is longer than the model's position table ({rows} rows); pass --seq-len {rows} or "
+            f"less, or --dynamic-seq --max-len {seq_len} for a file whose tables are extended to {seq_len} rows"
+        ) from None
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
@@ -349,7 +367,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
         tables=job.prepared.results if job.prepared else [], notes=notes or [],
     )  # fmt: skip
     with staged_file(job.output) as staged:
-        staged.write_bytes(data)
+        write_staged(staged, data, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
         if report.exit_code == ExitCode.PARITY_FAILED:

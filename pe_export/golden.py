@@ -85,7 +85,7 @@ def make_golden(
         signature_input_specs,
         signature_output_specs,
     )
-    from pe_export.tables.pipeline import checked_length
+    from pe_export.tables.pipeline import TableOptions, checked_length, prepare_graph
 
     options.validate()
     saved_model, output = Path(saved_model), Path(output)
@@ -99,6 +99,14 @@ def make_golden(
     model_specs = signature_input_specs(signature)
     frozen = FrozenSignature(signature, model_specs)  # one freeze for the table length and the input bounds
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
+    if options.seq_len is not None and _fixed_seq_len(model_specs) is None:
+        rows = prepare_graph(loaded, frozen, TableOptions(list_only=True)).position_length()
+        if rows is not None and options.seq_len > rows:
+            raise BadInputError(
+                f"--seq-len {options.seq_len} is longer than the model's position table ({rows} rows); pass "
+                f"--seq-len {rows} or less: the SavedModel cannot run longer sequences (an export's --max-len extends "
+                "the exported file's table, not the SavedModel's)"
+            )
     seq_len = (
         options.seq_len
         or _fixed_seq_len(model_specs)
@@ -115,7 +123,7 @@ def make_golden(
     if text is not None:
         batches = _rows_in_batches(*text, options.batch)
     elif options.inputs and user_arrays is not None:
-        batches = user_batches(options.inputs, user_arrays, specs, options.batch)
+        batches = user_batches(options.inputs, user_arrays, specs, options.batch, bounds)
     else:
         batches = _generated_batches(specs, bounds, options, seq_len)
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
@@ -229,8 +237,10 @@ def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:
 
 
 def user_batches(
-    path: Path, arrays: dict[str, np.ndarray], specs: list[TensorSpec], batch: int
+    path: Path, arrays: dict[str, np.ndarray], specs: list[TensorSpec], batch: int, bounds: dict[str, int]
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """--inputs as batches, checked first: the model's input names, dtypes, fixed axes, and ids inside the
+    tables they index (``bounds``: input name → rows)."""
     names = {spec.name for spec in specs}
     if set(arrays) != names:
         raise BadInputError(
@@ -252,6 +262,12 @@ def user_batches(
                     f"--inputs {path}: {spec.name!r} has shape {array.shape}; the model takes {spec.describe()}"
                 )
         feed[spec.name] = array.astype(wanted)
+        bound = bounds.get(spec.name)
+        if bound is not None and array.size and not 0 <= int(array.min()) <= int(array.max()) < bound:
+            raise BadInputError(
+                f"--inputs {path}: {spec.name!r} holds ids {int(array.min())}…{int(array.max())}, but the table it "
+                f"indexes has {bound} rows; expected ids from 0 to {bound - 1}"
+            )
     total = counts.pop()
     masks = [feed[spec.name] for spec in specs if is_mask_input(spec)]
     first = next(iter(feed.values()))

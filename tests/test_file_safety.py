@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -156,3 +157,51 @@ def test_plot_without_matplotlib_is_refused_before_the_check(capfd, saved_model,
     result = run_cli(capfd, "parity", model, bundle, "--plot", tmp_path / "p.png")
     assert_one_line_error(result, ExitCode.BAD_INPUT, "matplotlib is not installed", "pe-export[plot]")
     assert result.stdout == "" and not (tmp_path / "p.png").exists()
+
+
+def test_user_data_and_lengths_are_bad_input_not_bugs(capfd, saved_model, tmp_path: Path) -> None:
+    import numpy as np
+
+    model = saved_model(MODEL)
+    np.savez(tmp_path / "oov.npz", token_ids=np.array([[1, 2, 3, 99_999]], np.int32))
+    oov = run_cli(capfd, "golden", model, "-o", tmp_path / "g1", "--inputs", tmp_path / "oov.npz")
+    assert_one_line_error(oov, ExitCode.BAD_INPUT, "'token_ids' holds ids 1…99999", "expected ids from 0 to")
+    rows = int(re.search(r"(\d+)x\d+ +\S+ +kept", run_cli(capfd, "tflite", model, "--list-tables").stdout)[1])
+    long = run_cli(capfd, "golden", model, "-o", tmp_path / "g2", "--seq-len", str(rows + 36))
+    assert_one_line_error(long, ExitCode.BAD_INPUT, f"longer than the model's position table ({rows} rows)",
+                          f"--seq-len {rows} or less")  # fmt: skip
+    fixed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--seq-len", str(rows + 36))
+    hint = f"--dynamic-seq --max-len {rows + 36}"
+    assert_one_line_error(fixed, ExitCode.BAD_INPUT, f"position table ({rows} rows)", hint)
+    followed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", *hint.split())  # the advice works
+    assert followed.exit_code == 0, followed.stderr
+    assert listing(tmp_path) == ["m.tflite", "oov.npz"]
+
+
+def test_what_is_not_a_model_or_not_in_the_bundle_is_refused(capfd, saved_model, tmp_path: Path) -> None:
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert_one_line_error(run_cli(capfd, "inspect", tmp_path / "empty.onnx"), ExitCode.BAD_INPUT, "is empty (0 bytes)")
+    (tmp_path / "text.onnx").write_bytes(b"\x08\x07")  # parses as a protobuf: ir_version 7, nothing else
+    assert_one_line_error(run_cli(capfd, "inspect", tmp_path / "text.onnx"), ExitCode.BAD_INPUT,
+                          "is not an ONNX model (no graph outputs or opset)")  # fmt: skip
+    model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
+    assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
+    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
+    batch = next((bundle / "batches").glob("*.npz"))
+    outside = tmp_path / "outside.npz"
+    shutil.move(batch, outside)
+    batch.symlink_to(outside)  # same bytes, same checksum: only the link gives it away
+    refused = run_cli(capfd, "parity", model, bundle, "--no-isolate")
+    assert_one_line_error(refused, ExitCode.BAD_INPUT, "is a link to a file outside the bundle")
+
+
+def test_a_damaged_op_code_is_called_damage_not_an_old_runtime(capfd, saved_model, tmp_path: Path) -> None:
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    assert run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite").exit_code == 0
+    model = flatbuffer_utils.read_model(str(tmp_path / "m.tflite"))
+    model.operatorCodes[0].builtinCode, model.operatorCodes[0].deprecatedBuiltinCode = 250, 127  # no such op
+    (tmp_path / "bad.tflite").write_bytes(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "golden", "--samples", "4").exit_code == 0
+    result = run_cli(capfd, "parity", tmp_path / "bad.tflite", tmp_path / "golden", "--runtime", "litert")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "bad.tflite looks damaged", "builtin_code out of range")

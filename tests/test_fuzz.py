@@ -143,6 +143,83 @@ def test_fuzz_bundle(seeds, where, value, flips, reseal, target) -> None:
     run_case(seeds["work"], "parity", seeds["onnx"], bundle, "--no-isolate")
 
 
+ID_VALUES = st.one_of(st.integers(-3, 20), st.integers(-(2**31), 2**31 - 1))
+INPUT_NAMES = st.sampled_from([("token_ids",), ("token_ids",), ("token_ids", "extra"), ("ids",), ()])
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(
+    names=INPUT_NAMES, dtype=st.sampled_from(["int32", "int64", "float32", "bool", "uint8"]),
+    shape=st.lists(st.integers(0, 70), min_size=0, max_size=3), values=st.lists(ID_VALUES, min_size=1, max_size=8),
+    seq_len=st.one_of(st.none(), st.integers(-2, 200)),
+)  # fmt: skip
+def test_fuzz_golden_inputs(seeds, saved_model, names, dtype, shape, values, seq_len) -> None:
+    """User data for `golden --inputs`: every outcome a documented one-line error or a bundle, no exit 6."""
+    import numpy as np
+
+    size = int(np.prod(shape)) if shape else 1
+    array = np.resize(np.array(values, dtype=np.int64), size).reshape(shape).astype(dtype)
+    inputs = seeds["work"] / "inputs.npz"
+    np.savez(inputs, **{name: array for name in names})
+    extra = ["--seq-len", str(seq_len)] if seq_len is not None else []
+    code = run_case(seeds["work"], "golden", saved_model("encoder_dynamic"), "-o", seeds["work"] / "g", "--inputs",
+                    inputs, "--overwrite", *extra)  # fmt: skip
+    assert code in ALLOWED, CRASHES[-1:]
+
+
+def output_path(work: Path, kind: str, suffix: str) -> Path:
+    """An output path of a kind users (and mistakes) produce; created as the kind needs."""
+    base = work / "paths"
+    shutil.rmtree(base, ignore_errors=True)  # each example starts from the same folder
+    base.mkdir()
+    made = {
+        "fresh": base / f"new{suffix}",
+        "existing": base / f"old{suffix}",
+        "folder": base / "a-folder",
+        "missing-folder": base / "nowhere" / f"x{suffix}",
+        "file-as-folder": base / f"old{suffix}" / f"x{suffix}",
+        "wrong-suffix": base / "x.tflite",
+        "no-suffix": base / "x",
+        "dangling-link": base / f"dangling{suffix}",
+        "link-to-file": base / f"link{suffix}",
+        "long-name": base / ("n" * 300 + suffix),
+        "newline": base / f"a\nb{suffix}",
+    }
+    (base / f"old{suffix}").write_text("the user's own")
+    (base / "a-folder").mkdir()
+    (base / f"dangling{suffix}").symlink_to(base / "gone")
+    (base / f"link{suffix}").symlink_to(base / f"old{suffix}")
+    return made[kind]
+
+
+PATH_KINDS = ["fresh", "existing", "folder", "missing-folder", "file-as-folder", "wrong-suffix", "no-suffix",
+              "dangling-link", "link-to-file", "long-name", "newline"]  # fmt: skip
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(kind=st.sampled_from(PATH_KINDS), command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
+       overwrite=st.booleans())  # fmt: skip
+def test_fuzz_output_paths(seeds, saved_model, kind, command, overwrite) -> None:
+    """Every output path goes through the same checks: a documented code, one line, nothing of the user's
+    replaced without --overwrite, no partial file."""
+    suffix = {"parity-json": ".json", "bench": ".json", "parity-plot": ".png", "export": ".onnx"}[command]
+    path = output_path(seeds["work"], kind, suffix)
+    mine = (seeds["work"] / "paths" / f"old{suffix}").read_bytes()
+    flag = ["--overwrite"] if overwrite else []
+    args = {
+        "parity-json": ["parity", seeds["onnx"], seeds["bundle"], "--no-isolate", "--json", path, *flag],
+        "parity-plot": ["parity", seeds["onnx"], seeds["bundle"], "--no-isolate", "--plot", path, *flag],
+        "bench": ["bench", seeds["onnx"], "--runs", "2", "--warmup", "0", "--json", path, *flag],
+        "export": ["onnx", saved_model("encoder_dynamic"), "-o", path, "--no-verify", *flag],
+    }[command]
+    code = run_case(seeds["work"], *args)
+    assert code in ALLOWED, CRASHES[-1:]
+    if not overwrite:  # the user's file, reached directly or through a link, is never replaced
+        assert (seeds["work"] / "paths" / f"old{suffix}").read_bytes() == mine
+    stray = [p.name for p in (seeds["work"] / "paths").iterdir() if ".partial" in p.name or p.suffix == ".tmp"]
+    assert stray == []
+
+
 def test_fuzz_figures() -> None:
     print(
         f"\nfuzz: {FIGURES['cases']} cases ({FIGURES['child_runs']} through a runtime child), "

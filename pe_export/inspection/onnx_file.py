@@ -24,12 +24,19 @@ def import_onnx() -> Any:
 
 def load_onnx(path: Path) -> Any:
     onnx = import_onnx()
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise BadInputError(f"{path} is empty (0 bytes); expected an ONNX model file")
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path))
     except Exception as err:  # protobuf's DecodeError and friends
         raise BadInputError(
             f"{path} is not a readable ONNX model ({type(err).__name__}); expected an ONNX protobuf file"
         ) from err
+    # Any bytes that parse as protobuf give a ModelProto; a model has a graph with outputs and an opset.
+    if not model.HasField("graph") or not model.graph.output or not model.opset_import:
+        raise BadInputError(f"{path} is not an ONNX model (no graph outputs or opset); the file is damaged or "
+                            "of another kind")  # fmt: skip
+    return model
 
 
 def text(value: Any) -> str:

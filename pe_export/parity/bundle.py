@@ -71,6 +71,9 @@ class Bundle:
 
     def _load(self, index: int, entry: dict[str, Any]) -> Batch:
         path = self.path / entry["file"]
+        if _leaves(self.path, path):
+            raise BadInputError(f"bundle {self.path}: {entry['file']} is a link to a file outside the bundle, which is "
+                                "refused; a bundle holds its own files (copy it with cp -rL)")  # fmt: skip
         if not path.is_file():
             raise BadInputError(f"bundle {self.path}: {entry['file']} is missing; the bundle is incomplete")
         if file_sha256(path) != entry["sha256"]:
@@ -106,6 +109,14 @@ class Bundle:
                 )
             labels[name] = label
         return Batch(index, inputs, outputs, valid, labels)
+
+
+def _leaves(root: Path, path: Path) -> bool:
+    """True when ``path`` (or a folder on the way to it) is a link that resolves outside ``root``."""
+    try:
+        return not path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return True
 
 
 def _spec(entry: dict[str, Any]) -> TensorSpec:
@@ -224,6 +235,9 @@ def load_bundle(path: Path) -> Bundle:
     if not path.is_dir():
         raise BadInputError(f"{path} is not a directory; expected a golden bundle made by `pe-export golden`")
     manifest_path = path / MANIFEST
+    if _leaves(path, manifest_path):
+        raise BadInputError(f"{manifest_path} is a link to a file outside the bundle, which is refused; a bundle "
+                            "holds its own files (copy it with cp -rL)")  # fmt: skip
     if not manifest_path.is_file():
         raise BadInputError(f"{path} has no {MANIFEST}; expected a golden bundle made by `pe-export golden`")
     try:

@@ -14,6 +14,7 @@ from pe_export.specs import TensorSpec
 
 FLEX_MESSAGE_MARKER = "Select TensorFlow op"
 OLD_KERNELS_MARKER = "Didn't find op for builtin opcode"  # the file's op version is newer than the runtime
+OUT_OF_RANGE_MARKER = "builtin_code out of range"  # an op code the runtime does not know at all
 
 
 class _TFLiteRunner(Runner):
@@ -22,6 +23,7 @@ class _TFLiteRunner(Runner):
     module: str = ""
     package: str = ""
     extra: str = ""
+    current_kernels = True  # ships the converter's own op versions (ai-edge-litert, TensorFlow's interpreter)
 
     def __init__(self, *args: Any, signature: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,7 +71,13 @@ class _TFLiteRunner(Runner):
                 f"{self.name} cannot run {self.model_path.name}: it contains select TF (Flex) ops; "
                 "run it with a Flex-linked TFLite build (see `pe-export inspect`)"
             )
-        if OLD_KERNELS_MARKER in str(err):
+        if OLD_KERNELS_MARKER in str(err) or OUT_OF_RANGE_MARKER in str(err):
+            if self.current_kernels:  # the newest kernels there are: an op they lack means the bytes are wrong
+                return BadInputError(
+                    f"{self.model_path.name} looks damaged: {self.name}, which runs every op the converter writes, "
+                    f"cannot register one of its ops ({text}); re-export or copy it again (a file from a converter "
+                    "newer than this runtime reads the same: `pe-export inspect` lists its ops and versions)"
+                )
             return RuntimeUnavailableError(
                 f"{self.name} is older than {self.model_path.name}'s ops ({text}); run it with ai-edge-litert "
                 "(pip install 'pe-export[device]'), or see min_runtime_version in `pe-export inspect`"
@@ -121,6 +129,7 @@ class TFLiteRuntimeRunner(_TFLiteRunner):
     module = "tflite_runtime.interpreter"
     package = "tflite-runtime"
     extra = "tflite-runtime"
+    current_kernels = False  # frozen at TF 2.14: newer files really can need newer kernels
 
 
 @register_runner("tflite-tf", (".tflite",))
