@@ -29,6 +29,7 @@ from pe_export.specs import TensorSpec, concrete_shape
 
 if TYPE_CHECKING:
     from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
+    from pe_export.sources import ModelSource
     from pe_export.tables.pipeline import PreparedGraph, TableResult
 
 
@@ -95,21 +96,35 @@ class ExportReport:
 
 def export_tflite(saved_model: Path, output: Path | None, options: ExportOptions, *,
                   quiet: bool = True) -> ExportReport:  # fmt: skip
-    """SavedModel → verified .tflite at ``output`` (None: ``default_output_path``)."""
-    output = default_output_path(saved_model, "tflite") if output is None else Path(output)
-    return _judged_by_accuracy(_export_tflite, Path(saved_model), output, options, quiet)
+    """A SavedModel, .keras file or checkpoint folder → verified .tflite at ``output`` (None:
+    ``default_output_path``)."""
+    return _export("tflite", _export_tflite, saved_model, output, options, quiet)
 
 
 def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    """SavedModel → verified .onnx at ``output`` (None: ``default_output_path``)."""
-    output = default_output_path(saved_model, "onnx") if output is None else Path(output)
-    return _judged_by_accuracy(_export_onnx, Path(saved_model), output, options, quiet)
+    """A SavedModel, .keras file or checkpoint folder → verified .onnx at ``output`` (None:
+    ``default_output_path``)."""
+    return _export("onnx", _export_onnx, saved_model, output, options, quiet)
+
+
+def _export(target: str, export: Any, given: Path, output: Path | None, options: ExportOptions,
+            quiet: bool) -> ExportReport:  # fmt: skip
+    from pe_export.sources import model_source
+
+    output = default_output_path(given, target) if output is None else Path(output)
+    options.validate(target)
+    check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")  # before a .keras is exported
+    with model_source(Path(given)) as source:
+        report = _judged_by_accuracy(export, source, output, options, quiet)
+    report.source = Path(given)
+    return report
 
 
 def default_output_path(saved_model: Path, target: str) -> Path:
-    """Where an export goes without -o: ``<model folder name>.<target>`` in the current folder."""
-    name = Path(saved_model).resolve().name or "model"
-    return Path(f"{name}.{target}")
+    """Where an export goes without -o: ``<model folder name>.<target>`` (``<name>.keras`` → ``<name>``) here."""
+    from pe_export.sources import output_stem
+
+    return Path(f"{output_stem(saved_model)}.{target}")
 
 
 def failed_output_path(output: Path) -> Path:
@@ -118,11 +133,11 @@ def failed_output_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}.FAILED{output.suffix}")
 
 
-def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: ExportOptions,
+def _judged_by_accuracy(export: Any, source: ModelSource, output: Path, options: ExportOptions,
                         quiet: bool) -> ExportReport:  # fmt: skip
     """--compress with auto never fails for want of an exact method: a lossy table it chose that breaks the
     file's tolerance end to end is kept instead, the file made again, and the measured trade-off reported."""
-    report = export(saved_model, output, options, quiet=quiet)
+    report = export(source, output, options, quiet=quiet)
     chosen = report.lossy_tables if options.tables.method == "auto" else []
     if report.exit_code != ExitCode.PARITY_FAILED or not chosen or options.tables.allow_lossy:
         return report
@@ -132,7 +147,7 @@ def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: E
     if report.kept_failed is not None:  # superseded by the file made again
         report.kept_failed.unlink(missing_ok=True)
     retry = replace(options, overwrite=True, tables=replace(options.tables, keep=keep))
-    kept = export(saved_model, output, retry, quiet=quiet)
+    kept = export(source, output, retry, quiet=quiet)
     for table in chosen:
         kept.notes.append(
             f"{table.table.name}: {table.method} ({table.bytes_after:,} B, table error {table.max_error:.3g}) made the "
@@ -142,11 +157,11 @@ def _judged_by_accuracy(export: Any, saved_model: Path, output: Path, options: E
     return kept
 
 
-def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
+def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
     from pe_export.converters.tflite import convert_tflite
     from pe_export.inspection.tflite_file import summarize_tflite_bytes
 
-    job = _prepare("tflite", Path(saved_model), Path(output), options)
+    job = _prepare("tflite", source, Path(output), options)
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
@@ -169,11 +184,11 @@ def _export_tflite(saved_model: Path, output: Path, options: ExportOptions, *, q
     return _finish(job, data, summary, log, notes)
 
 
-def _export_onnx(saved_model: Path, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
+def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
     from pe_export.converters.onnx import convert_onnx
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
-    job = _prepare("onnx", Path(saved_model), Path(output), options)
+    job = _prepare("onnx", source, Path(output), options)
 
     data, log, notes = _no_larger_than_plain(
         job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared,
@@ -206,7 +221,7 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
 @dataclass
 class _Job:
     target: str
-    source: Path
+    source: Path  # the SavedModel folder read (a temporary export of a .keras file or checkpoint)
     output: Path
     options: ExportOptions
     loaded: LoadedSavedModel
@@ -214,6 +229,7 @@ class _Job:
     provenance: dict[str, str]
     frozen: FrozenSignature  # the signature at the export's input specs
     prepared: PreparedGraph | None = None
+    given: Path | None = None  # what the user passed, where a tokenizer.json is looked for
 
     @property
     def specs(self) -> list[TensorSpec]:
@@ -254,7 +270,8 @@ class _Job:
         if self.options.text is not None:
             from pe_export.text_inputs import text_feed
 
-            feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.source, self.check_length)
+            feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.given or self.source,
+                                    self.check_length)  # fmt: skip
             return {"text": feed}, {"text": valid}
         from pe_export.golden import user_batches
         from pe_export.parity.bundle import read_npz
@@ -273,18 +290,16 @@ class _Job:
         return input_bounds(self.frozen)
 
 
-def _prepare(target: str, saved_model: Path, output: Path, options: ExportOptions) -> _Job:
+def _prepare(target: str, source: ModelSource, output: Path, options: ExportOptions) -> _Job:
     from pe_export.savedmodel import (
         FrozenSignature,
-        check_savedmodel_dir,
         load_savedmodel,
-        savedmodel_digest,
         signature_input_specs,
     )
 
     options.validate(target)
-    check_savedmodel_dir(saved_model)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")
+    saved_model = source.saved_model
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
@@ -293,7 +308,7 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
     if options.seq_len is not None:
         _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
     signature_name = loaded.resolve_signature_name(options.signature)
-    provenance = provenance_entries(savedmodel_digest(saved_model), options.precision, signature_name)
+    provenance = provenance_entries(source.digest, options.precision, signature_name)
     prepared = None
     from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
 
@@ -301,7 +316,8 @@ def _prepare(target: str, saved_model: Path, output: Path, options: ExportOption
 
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
-    job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared)
+    job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared,
+               given=source.given)  # fmt: skip
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
@@ -330,16 +346,17 @@ def _check_length_fits_tables(loaded: LoadedSavedModel, signature: Any, model_sp
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
-    from pe_export.savedmodel import FrozenSignature, check_savedmodel_dir, load_savedmodel, signature_input_specs
+    from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs
+    from pe_export.sources import model_source
     from pe_export.tables.pipeline import prepare_graph
 
     options.tables.validate()
-    check_savedmodel_dir(Path(saved_model))
-    loaded = load_savedmodel(Path(saved_model))
-    signature = loaded.signature(options.signature)
-    specs = options.export_specs(signature_input_specs(signature))
-    frozen = FrozenSignature(signature, specs)
-    return prepare_graph(loaded, frozen, replace(options.tables, list_only=True)).results
+    with model_source(Path(saved_model)) as source:
+        loaded = load_savedmodel(source.saved_model)
+        signature = loaded.signature(options.signature)
+        specs = options.export_specs(signature_input_specs(signature))
+        frozen = FrozenSignature(signature, specs)
+        return prepare_graph(loaded, frozen, replace(options.tables, list_only=True)).results
 
 
 def verification_feeds(

@@ -30,6 +30,7 @@ from pe_export.parity.bundle import (
     read_npz,
 )
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+from pe_export.sources import ModelSource
 from pe_export.specs import TensorSpec, concrete_shape
 from pe_export.text_inputs import TextInputs, text_feed
 
@@ -75,25 +76,32 @@ class GoldenResult:
 def make_golden(
     saved_model: Path, output: Path, options: GoldenOptions, *, progress: Callable[[int, int], None] | None = None
 ) -> GoldenResult:
+    from pe_export.fileio import check_output_folder
+    from pe_export.sources import model_source
+
+    options.validate()
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.overwrite:
+        raise OutputExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it")
+    check_output_folder(output.parent, flag="-o", what=str(output))
+    with model_source(Path(saved_model)) as source:
+        return _make_golden(source, output, options, progress)
+
+
+def _make_golden(
+    source: ModelSource, output: Path, options: GoldenOptions, progress: Callable[[int, int], None] | None
+) -> GoldenResult:
     from pe_export.runners.savedmodel import SavedModelRunner
     from pe_export.savedmodel import (
         FrozenSignature,
-        check_savedmodel_dir,
         input_bounds,
         load_savedmodel,
-        savedmodel_digest,
         signature_input_specs,
         signature_output_specs,
     )
     from pe_export.tables.pipeline import TableOptions, checked_length, prepare_graph
 
-    options.validate()
-    saved_model, output = Path(saved_model), Path(output)
-    check_savedmodel_dir(saved_model)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.overwrite:
-        raise OutputExistsError(f"{output} already exists and is not empty; pass --overwrite to replace it")
-    if not output.parent.exists():
-        raise BadInputError(f"output folder {output.parent} does not exist; create it first")
+    saved_model = source.saved_model
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
@@ -117,7 +125,7 @@ def make_golden(
     bounds = input_bounds(frozen)
     text = None
     if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
-        text = text_feed(model_specs, bounds, options.text, saved_model, checked_length(loaded, frozen))
+        text = text_feed(model_specs, bounds, options.text, source.given, checked_length(loaded, frozen))
         seq_len = text[1].shape[1]
     specs = [_sized(spec, seq_len) for spec in model_specs]
     if text is not None:
@@ -149,13 +157,13 @@ def make_golden(
                 total += samples
                 if progress:
                     progress(total, options.samples if not (options.inputs or text) else total)
-        digest = savedmodel_digest(saved_model)
+        digest = source.digest
         manifest = {
             "format": BUNDLE_FORMAT,
             "version": BUNDLE_VERSION,
             "created_by": _versions(),
             "model": {
-                "path": str(saved_model),
+                "path": str(source.given),
                 "digest": digest,
                 "signature": loaded.resolve_signature_name(options.signature),
             },

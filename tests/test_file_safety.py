@@ -205,3 +205,33 @@ def test_a_damaged_op_code_is_called_damage_not_an_old_runtime(capfd, saved_mode
     assert run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "golden", "--samples", "4").exit_code == 0
     result = run_cli(capfd, "parity", tmp_path / "bad.tflite", tmp_path / "golden", "--runtime", "litert")
     assert_one_line_error(result, ExitCode.BAD_INPUT, "bad.tflite looks damaged", "builtin_code out of range")
+
+
+def test_a_keras_file_exports_and_checks_like_its_savedmodel(capfd, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """keras.Model.save writes .keras by default: export it, make a bundle from it in another command, check."""
+    keras_hub = pytest.importorskip("keras_hub", reason="a keras-hub backbone is the model with registered layers")
+    import keras
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.DistilBertBackbone(vocabulary_size=100, max_sequence_length=64, num_layers=2,
+                                                   num_heads=2, hidden_dim=32, intermediate_dim=64)  # fmt: skip
+    backbone.save(tmp_path / "distil.keras")
+    monkeypatch.chdir(tmp_path)
+    exported = run_cli(capfd, "tflite", "distil.keras")
+    assert exported.exit_code == 0, exported.stderr
+    assert "OK: wrote distil.tflite" in exported.stdout and "distil.keras →" in exported.stdout
+    assert run_cli(capfd, "golden", "distil.keras", "-o", "golden", "--samples", "4").exit_code == 0
+    checked = run_cli(capfd, "parity", "distil.tflite", "golden")  # the same model by digest, across commands
+    assert checked.exit_code == 0 and "PASS" in checked.stdout, checked.stderr
+    assert listing(tmp_path) == ["distil.keras", "distil.tflite", "golden"]  # no temporary SavedModel left here
+
+
+def test_a_keras_file_with_unregistered_layers_is_one_line(capfd, tmp_path: Path) -> None:
+    from tests.fixtures.models import build_encoder
+
+    build_encoder(None).save(tmp_path / "custom.keras")  # the test encoder's own layer classes are not registered
+    result = run_cli(capfd, "onnx", tmp_path / "custom.keras", "-o", tmp_path / "m.onnx")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "custom.keras: Keras cannot load it",
+                          "register_keras_serializable", "model.export(folder)")  # fmt: skip
+    assert listing(tmp_path) == ["custom.keras"]

@@ -114,3 +114,15 @@ def test_auto_compress_takes_back_a_table_that_breaks_the_file(minilm, tmp_path:
     assert note, result.stdout[-3000:]
     assert float(note[1]) <= 0.05 < float(note[2])  # inside the atol as a table, outside it as a model
     assert re.search(r"position_embedding/embeddings\s+variable\s+512x384\s+learned\s+kept", result.stdout)
+
+
+def test_a_checkpoint_folder_exports_as_it_arrives(minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The package's folder as downloaded (config.json, model.safetensors, tokenizer.json): keras-hub loads
+    it, the tokenizer is found beside the weights, the export is the same model (cosine 1 on the sentences)."""
+    _, tokenizer, sentences = minilm
+    folder = tokenizer.parent
+    assert (folder / "config.json").is_file() and not (folder / "saved_model.pb").exists()
+    result = run_cli(capfd, "tflite", folder, "-o", tmp_path / "m.tflite", "--text", sentences)
+    assert result.exit_code == 0, result.stderr
+    assert float(TASK.search(result.stdout)[1]) >= 0.99999
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tflite"]
