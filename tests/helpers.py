@@ -136,16 +136,19 @@ def run_outside_repo(*args: str | Path, timeout: int = 900) -> subprocess.Comple
     )
 
 
-def cached_venv(name: str, requirements: list[str]) -> Path:
+def cached_venv(name: str, requirements: list[str], *, base: str = sys.executable, root: Path = VENV_CACHE) -> Path:
     """A real venv with ``requirements`` (pe-export itself among them) installed once and kept between runs.
 
-    Keyed by pyproject.toml and the requirements; on reuse only pe-export's own code is reinstalled.
+    Keyed by pyproject.toml, the requirements and the base interpreter; on reuse only pe-export's own code
+    is reinstalled. ``base``/``root``: another interpreter, another cache folder (one other users can read).
     """
-    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + "\n".join(requirements).encode()).hexdigest()[:12]
-    venv = VENV_CACHE / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-{key}"
+    key = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + "\n".join([*requirements, base]).encode())
+    version = subprocess.run([base, "-c", "import sys; print(f'{sys.version_info[0]}{sys.version_info[1]}')"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    venv = root / f"{name}-py{version}-{key.hexdigest()[:12]}"
     python = venv / "bin" / "python"
     if not python.exists():
-        created = run_outside_repo(sys.executable, "-m", "venv", venv)
+        created = run_outside_repo(base, "-m", "venv", venv)
         assert created.returncode == 0, created.stderr
         installed = run_outside_repo(python, "-m", "pip", "install", "-q", *requirements)
         if installed.returncode != 0:

@@ -73,37 +73,52 @@ def test_outputs_have_the_permissions_the_umask_gives(capfd, saved_model, tmp_pa
     assert all(mode == 0o644 for name, mode in modes.items() if name not in folders)
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # outside /root, so another user can run a venv made from it
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching to another uid needs root")
-def test_another_user_can_read_a_bundle_and_a_model(capfd, saved_model, tmp_path: Path) -> None:
-    """What the device images do (they run as uid 1000): read a bundle made by someone else."""
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason=f"no {SYSTEM_PYTHON} to build a venv another user can run")
+def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_model, tmp_path: Path) -> None:
+    """What the device images do (they run as uid 1000): `pe-export parity` as another user, from a TF-free
+    device venv, on a bundle and a model made by this one under the usual umask."""
     import pwd
+
+    from tests.helpers import cached_venv
 
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         pytest.skip("no 'nobody' user on this machine")
-    shared = Path(os.environ.get("TMPDIR", "/tmp")) / f"pe-export-shared-{os.getpid()}"
-    shared.mkdir(mode=0o755)
+    shared_root = Path("/tmp/pe-export-shared")
+    shared_root.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(shared_root, 0o755)
+    venv = cached_venv("device-venv-any-user", [f"{Path(__file__).resolve().parents[1]}[device]"],
+                       base=SYSTEM_PYTHON, root=shared_root)  # fmt: skip
+    work = shared_root / f"work-{os.getpid()}"
+    work.mkdir(mode=0o755)
     try:
-        os.chmod(shared, 0o755)
+        os.chmod(work, 0o755)
         previous = os.umask(0o022)
         try:
-            made = run_cli(capfd, "golden", saved_model(MODEL), "-o", shared / "golden", "--samples", "4")
+            made = run_cli(capfd, "golden", saved_model(MODEL), "-o", work / "golden", "--samples", "4")
             assert made.exit_code == 0
-            assert run_cli(capfd, "tflite", saved_model(MODEL), "-o", shared / "m.tflite").exit_code == 0
+            assert run_cli(capfd, "tflite", saved_model(MODEL), "-o", work / "m.tflite").exit_code == 0
         finally:
             os.umask(previous)
-        files = [str(p) for p in sorted(shared.rglob("*")) if p.is_file()]
 
         def as_nobody() -> None:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
 
-        read = subprocess.run(["cat", *files], preexec_fn=as_nobody, capture_output=True, check=False)
-        assert read.returncode == 0, read.stderr.decode()[-500:]
-        assert len(read.stdout) == sum(Path(f).stat().st_size for f in files)
+        checked = subprocess.run(
+            [str(venv / "bin" / "pe-export"), "parity", str(work / "m.tflite"), str(work / "golden")],
+            preexec_fn=as_nobody, capture_output=True, text=True, check=False, cwd=work,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
+        )  # fmt: skip
+        print(checked.stdout[-400:], checked.stderr[-400:])
+        assert checked.returncode == 0 and "PASS" in checked.stdout, checked.stderr[-1000:]
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
