@@ -19,18 +19,28 @@ from pe_export.errors import missing_extra
 
 def import_tensorflow() -> ModuleType:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")  # conversion never needs a GPU
-    if "tensorflow" not in sys.modules:
+    first = "tensorflow" not in sys.modules
+    if first:
         # TF's C++ start-up chatter (oneDNN, CUDA probing) is noise for this tool.
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     try:
-        with capture_native_output(enabled="tensorflow" not in sys.modules):
+        with capture_native_output(enabled=first):
             import tensorflow as tf
     except ImportError as err:
         raise missing_extra("tensorflow", "convert") from err
+    if first:
+        _hide_gpus_from_tensorflow(tf)
     tf.get_logger().setLevel(logging.ERROR)
     tf.autograph.set_verbosity(0)
     return tf
+
+
+def _hide_gpus_from_tensorflow(tf: ModuleType) -> None:
+    """Conversion never needs a GPU: hide them from TensorFlow only. Setting CUDA_VISIBLE_DEVICES instead
+    (as this did) hid them from the whole process and every child it starts: an onnxruntime CUDA check
+    after an export in one process, or `pe-export demo` on a GPU machine, found no GPU."""
+    with contextlib.suppress(RuntimeError, ValueError):  # already initialized by the caller: leave it be
+        tf.config.set_visible_devices([], "GPU")
 
 
 class CapturedOutput:
