@@ -8,7 +8,7 @@ from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import ConversionError, missing_extra
+from pe_export.errors import ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
 from pe_export.savedmodel import FrozenSignature
@@ -62,7 +62,7 @@ def convert_onnx(
         else:
             failure = None
     if failure is not None:
-        first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        first = one_line(failure)
         raise ConversionError(f"tf2onnx failed: {first}") from failure
     folding = fold_shapes_of_initializers(model)
     check_onnx_model(model, "tf2onnx output")
@@ -99,7 +99,7 @@ def check_onnxruntime_loads(data: bytes) -> None:
     try:
         ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own exception types
-        first = str(err).strip().splitlines()[0]
+        first = one_line(err)
         raise ConversionError(f"onnxruntime cannot load the exported model: {first}") from err
 
 
@@ -112,7 +112,7 @@ def check_onnx_model(model: Any, what: str) -> None:
         bad = unknown_ops(model)
         nodes = [n.name for n in model.graph.node if n.op_type in bad][:5]
         where = f"; ops not in ONNX: {', '.join(bad)} (nodes {', '.join(nodes)})" if bad else ""
-        first = str(err).strip().splitlines()[0]
+        first = one_line(err)
         raise ConversionError(f"{what} fails onnx.checker: {first}{where}") from err
 
 

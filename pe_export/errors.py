@@ -76,3 +76,11 @@ class NeedsFlexError(PeExportError):
 def missing_extra(package: str, extra: str) -> RuntimeUnavailableError:
     """The error raised when an optional backend is not installed."""
     return RuntimeUnavailableError(f"{package} is not installed; install it with: pip install 'pe-export[{extra}]'")
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's first non-empty line, or its type's name when it has no message (never IndexError)."""
+    for line in str(error).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(error).__name__

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.constants import DEFAULT_SIGNATURE
-from pe_export.errors import BadInputError
+from pe_export.errors import BadInputError, one_line
 from pe_export.native import import_tensorflow
 from pe_export.specs import TensorSpec
 
@@ -85,7 +85,7 @@ def load_savedmodel(path: Path) -> LoadedSavedModel:
     try:
         obj = tf.saved_model.load(str(path))
     except Exception as err:  # TF raises several types for a damaged SavedModel
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = one_line(err)
         raise BadInputError(f"{path} could not be loaded as a SavedModel: {first}") from err
     return LoadedSavedModel(path, obj)
 
@@ -126,7 +126,7 @@ def wrap_signature(signature: Any, specs: list[TensorSpec]) -> Any:
         wanted = ", ".join(spec.describe() for spec in specs)
         raise BadInputError(
             f"the SavedModel's signature does not accept inputs {wanted}: "
-            f"{str(err).strip().splitlines()[0]}; drop --seq-len/--dynamic-seq/--batch or match the "
+            f"{one_line(err)}; drop --seq-len/--dynamic-seq/--batch or match the "
             "model's own shapes"
         ) from err
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pe_export.errors import BadInputError, missing_extra
+from pe_export.errors import BadInputError, missing_extra, one_line
 
 KERAS_SUFFIX = ".keras"
 CHECKPOINT_CONFIG = "config.json"
@@ -73,7 +73,7 @@ def _exported(path: Path, kind: str) -> Iterator[Path]:
         try:
             model.export(str(saved), verbose=False)
         except Exception as err:  # Keras raises many types for a model it cannot trace
-            raise BadInputError(f"{path}: Keras could not export it as a SavedModel: {_first_line(err)}; export it "
+            raise BadInputError(f"{path}: Keras could not export it as a SavedModel: {one_line(err)}; export it "
                                 "yourself with model.export(folder) and pass the folder") from err  # fmt: skip
         yield saved
     finally:
@@ -90,7 +90,7 @@ def _load_keras(path: Path) -> object:
         return keras.saving.load_model(str(path), compile=False, safe_mode=True)
     except Exception as err:  # unknown custom layers are a TypeError, damaged zips a ValueError, …
         raise BadInputError(
-            f"{path}: Keras cannot load it ({_first_line(err)}); a model with custom layers needs them registered "
+            f"{path}: Keras cannot load it ({one_line(err)}); a model with custom layers needs them registered "
             "(@keras.saving.register_keras_serializable) in code pe-export imports: export it yourself with "
             "model.export(folder) and pass the folder"
         ) from err
@@ -105,7 +105,7 @@ def _load_checkpoint(path: Path) -> object:
         return keras_hub.models.Backbone.from_preset(str(path))
     except Exception as err:  # an architecture keras-hub has no converter for, a missing file, …
         raise BadInputError(
-            f"{path}: keras-hub cannot load this checkpoint ({_first_line(err)}); expected a folder with "
+            f"{path}: keras-hub cannot load this checkpoint ({one_line(err)}); expected a folder with "
             f"{CHECKPOINT_CONFIG} and safetensors of an architecture keras-hub supports (BERT, RoBERTa, DistilBERT, "
             "…), or pass a SavedModel folder"
         ) from err
@@ -121,6 +121,3 @@ def _files_digest(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

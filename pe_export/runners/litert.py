@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra
+from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.native import capture_native_output
 from pe_export.runners.base import Runner, register_runner
 from pe_export.specs import TensorSpec
@@ -65,7 +65,7 @@ class _TFLiteRunner(Runner):
         self._signature_runner = self._interpreter.get_signature_runner(key)
 
     def _load_error(self, err: Exception) -> Exception:
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        text = one_line(err)
         if FLEX_MESSAGE_MARKER in str(err):
             return RuntimeUnavailableError(
                 f"{self.name} cannot run {self.model_path.name}: it contains select TF (Flex) ops; "
@@ -93,7 +93,7 @@ class _TFLiteRunner(Runner):
                 outputs = self._signature_runner(**feed)
             self._invoked = True
         except (ValueError, RuntimeError) as err:  # the interpreter raises both for bad shapes
-            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            message = one_line(err)
             if FLEX_MESSAGE_MARKER in str(err):
                 raise self._load_error(err) from err
             raise BadInputError(f"{self.name} rejected the inputs: {message}") from err

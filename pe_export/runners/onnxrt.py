@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra
+from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.runners.base import Runner, register_runner
 from pe_export.specs import TensorSpec
 
@@ -99,7 +99,7 @@ class OnnxRuntimeRunner(Runner):
                 str(self.model_path), sess_options=options, providers=session_providers(self.providers, self.tf32)
             )
         except Exception as err:  # onnxruntime raises its own exception types per failure
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first_line = one_line(err)
             raise BadInputError(f"onnxruntime could not load {self.model_path.name}: {first_line}") from err
         active = self._session.get_providers()
         dropped = [p for p in self.providers if p not in active]
@@ -115,7 +115,7 @@ class OnnxRuntimeRunner(Runner):
         try:
             values = self._session.run(names, feed)
         except Exception as err:
-            first_line = str(err).strip().splitlines()[0]
+            first_line = one_line(err)
             raise BadInputError(f"onnxruntime rejected the inputs: {first_line}") from err
         return dict(zip(names, values, strict=True))
 

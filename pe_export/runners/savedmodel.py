@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.errors import BadInputError
+from pe_export.errors import BadInputError, one_line
 from pe_export.native import import_tensorflow
 from pe_export.runners.base import Runner
 from pe_export.savedmodel import LoadedSavedModel, load_savedmodel, signature_input_specs
@@ -38,7 +38,7 @@ class SavedModelRunner(Runner):
             outputs = self._signature(**{name: tf.constant(value) for name, value in feed.items()})
         except tf.errors.InvalidArgumentError as err:  # ids past a table, a length past the position table
             shapes = ", ".join(f"{name} {value.dtype}{list(value.shape)}" for name, value in feed.items())
-            first = (err.message or str(err)).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = one_line(err)
             raise BadInputError(f"the SavedModel rejects the inputs ({shapes}): {first}") from err
         return {name: value.numpy() for name, value in outputs.items()}
 
