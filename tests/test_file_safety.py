@@ -250,3 +250,17 @@ def test_a_keras_file_with_unregistered_layers_is_one_line(capfd, tmp_path: Path
     assert_one_line_error(result, ExitCode.BAD_INPUT, "custom.keras: Keras cannot load it",
                           "register_keras_serializable", "model.export(folder)")  # fmt: skip
     assert listing(tmp_path) == ["custom.keras"]
+
+
+def test_an_export_interrupted_during_verification_leaves_nothing(capfd, saved_model, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Ctrl-C lands while the written file is being verified (KeyboardInterrupt wherever Python is)."""
+    import pe_export.api
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pe_export.api, "verify_export", interrupted)
+    result = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite")
+    assert result.exit_code == 130 and "nothing partial was left behind" in result.stderr
+    assert listing(tmp_path) == []  # neither the unverified file nor its staged copy
