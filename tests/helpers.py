@@ -160,3 +160,12 @@ def cached_venv(name: str, requirements: list[str], *, base: str = sys.executabl
         installed = run_outside_repo(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", REPO)
         assert installed.returncode == 0, installed.stderr[-2000:]
     return venv
+
+
+def pyproject() -> dict:
+    """pyproject.toml, read with tomllib (Python 3.11+) or tomli (3.10, JetPack 6's Python; in the dev extra)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())

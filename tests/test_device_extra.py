@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
-from tests.helpers import REPO, cached_venv, run_outside_repo
+from tests.helpers import REPO, cached_venv, pyproject, run_outside_repo
 
 DEVICE_SCRIPT = """
 import importlib.util, sys
@@ -102,9 +102,7 @@ def test_device_extra_resolves_to_wheels(python: str, arch: str, tmp_path: Path)
     """JetPack 6 is Python 3.10 on aarch64: every device dependency must have a wheel there."""
     import json
 
-    import tomllib
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     requirements = project["dependencies"] + project["optional-dependencies"]["device"]
     platforms = [arg for platform in DEVICE_PLATFORMS[arch] for arg in ("--platform", platform)]
     report = tmp_path / "report.json"

@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-import tomllib
+
+from tests.helpers import pyproject
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
@@ -51,7 +52,7 @@ def test_entrypoint_passes_the_exit_code_through() -> None:
 
 
 def test_device_extra_is_the_validated_one() -> None:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = pyproject()["project"]["optional-dependencies"]
     assert not any("tensorflow" in requirement for requirement in extras["device"])
     assert "pip install '.[device]'" in (REPO / "docker" / "README.md").read_text()
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tomllib
+from tests.helpers import pyproject
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_package_is_listed() -> None:
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = pyproject()["tool"]["setuptools"]
     listed = set(config["packages"])
     mapped = {name: REPO / folder for name, folder in config["package-dir"].items()}
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "pe_export").rglob("__init__.py")}
