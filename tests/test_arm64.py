@@ -20,6 +20,8 @@ from pe_export.golden import GoldenOptions, make_golden
 from pe_export.runners.isolated import CHILD_PYTHON_ENV
 from tests.helpers import REPO, VENV_CACHE
 
+pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+
 SETUP = REPO.parent / "shared" / "arm64" / "setup-env.sh"
 CACHE = VENV_CACHE
 QEMU_CPU = "neoverse-n1"

@@ -15,6 +15,8 @@ import pytest
 from pe_export.golden import GoldenOptions, make_golden
 from tests.helpers import REPO, cached_venv, pyproject, run_outside_repo
 
+pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+
 DEVICE_SCRIPT = """
 import importlib.util, sys
 import numpy as np
@@ -47,9 +49,24 @@ print("parity passed without tensorflow")
 _run = run_outside_repo
 
 
-@pytest.fixture(scope="session")
-def device_venv() -> Path:
-    return cached_venv("device-venv", [f"{REPO}[device]"])
+def python_310() -> str | None:
+    """A Python 3.10 interpreter (JetPack 6's version): on PATH, or pyenv's."""
+    import glob
+    import shutil
+
+    pyenv = sorted(glob.glob(str(Path.home() / ".pyenv" / "versions" / "3.10*" / "bin" / "python3.10")))
+    return shutil.which("python3.10") or (pyenv[0] if pyenv else None)
+
+
+@pytest.fixture(scope="session", params=["current", "3.10"])
+def device_venv(request: pytest.FixtureRequest) -> Path:
+    """The device extra in a fresh venv: of this interpreter, and of Python 3.10, which the extra claims."""
+    if request.param == "current":
+        return cached_venv("device-venv", [f"{REPO}[device]"])
+    base = python_310()
+    if base is None:
+        pytest.skip("no Python 3.10 interpreter here (python3.10 on PATH or pyenv's)")
+    return cached_venv("device-venv", [f"{REPO}[device]"], base=base)
 
 
 def test_device_extra_pulls_no_tensorflow(device_venv: Path) -> None:

@@ -76,6 +76,7 @@ def test_outputs_have_the_permissions_the_umask_gives(capfd, saved_model, tmp_pa
 SYSTEM_PYTHON = "/usr/bin/python3"  # outside /root, so another user can run a venv made from it
 
 
+@pytest.mark.slow  # builds a fresh venv of the system Python once
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switching to another uid needs root")
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason=f"no {SYSTEM_PYTHON} to build a venv another user can run")
 def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_model, tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ from pe_export.errors import ExitCode
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
 
+pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+
 FIGURES = {"cases": 0, "parent_crashes": 0, "partial_files": 0, "child_runs": 0, "child_crashes": 0}
 EXIT_CODES: Counter[int] = Counter()
 MESSAGES: set[str] = set()

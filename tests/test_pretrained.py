@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import run_cli
 
+pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+
 pytest.importorskip("keras_hub", reason="the pretrained encoder loads through keras-hub (pip install -e '.[dev]')")
 pytest.importorskip("tokenizers", reason="real sentences need tokenizers (pip install -e '.[dev]')")
 

@@ -14,6 +14,8 @@ from pe_export.converters.options import ExportOptions
 from tests.fixtures.keras_hub_models import FAMILIES
 from tests.helpers import run_cli
 
+pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+
 pytest.importorskip("keras_hub", reason="the coverage models come from keras-hub (pip install -e '.[dev]')")
 
 MAX_ABS = re.compile(r"^\s+(?:random|padded)\s+\S+\s+([0-9.e+-]+)\s", re.M)
