@@ -146,7 +146,7 @@ def _judged_by_accuracy(export: Any, source: ModelSource, output: Path, options:
     keep = tuple(t.table.node for t in chosen)
     if report.kept_failed is not None:  # superseded by the file made again
         report.kept_failed.unlink(missing_ok=True)
-    retry = replace(options, overwrite=True, tables=replace(options.tables, keep=keep))
+    retry = replace(options, tables=replace(options.tables, keep=keep))  # the failed file was never written
     kept = export(source, output, retry, quiet=quiet)
     for table in chosen:
         kept.notes.append(
