@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.metrics import compare_output
 from pe_export.parity.tolerances import Tolerance
 
@@ -62,6 +63,7 @@ def keep_float_to_target(
     ``expected`` (the float model's outputs on ``feeds``); every weight in float when nothing else does."""
 
     def judge(kept: list[str]) -> tuple[Any, float, bool]:
+        raise_if_interrupted()
         model = build(kept)
         worst, ok = 1.0, True
         for got, want, mask in zip(run(model, feeds), expected, masks, strict=True):

@@ -21,6 +21,7 @@ from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavai
 from pe_export.fileio import check_output_path, publish, staged_file, write_staged
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
+from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.check import ParityResult, compare_runners
 from pe_export.parity.tolerances import tolerance_for
 from pe_export.provenance import embed_onnx_metadata, embed_tflite_metadata, provenance_entries
@@ -387,6 +388,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
         write_staged(staged, data, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
+        raise_if_interrupted()  # never publish after a Ctrl-C, even one a finalizer swallowed
         if report.exit_code == ExitCode.PARITY_FAILED:
             report.written = False
             if job.options.keep_failed:

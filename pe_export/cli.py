@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from pe_export.errors import (
     ParityError,
     PeExportError,
 )
+from pe_export.interrupts import Terminated, interruptible
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
 from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
@@ -398,14 +398,6 @@ def demo(ctx: click.Context, out: Path | None, overwrite: bool) -> int:
     return int(result.exit_code)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that every cleanup (temp files, temp dirs) runs."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
 def _interruption(err: BaseException) -> BaseException | None:
     """The Ctrl-C or SIGTERM behind an error, if any.
 
@@ -436,7 +428,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     verbose = any(flag in args for flag in VERBOSE_FLAGS)
     if verbose:  # accepted anywhere on the line, not only before the command
         args = ["--verbose", *(arg for arg in args if arg not in VERBOSE_FLAGS)]
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    with interruptible():
+        code = _run(args, verbose)
+    sys.exit(int(code) if isinstance(code, int) else 0)
+
+
+def _run(args: list[str], verbose: bool) -> int:
+    """The command's exit code; every failure one line (tracebacks with --verbose)."""
     try:
         code = cli.main(args=args, prog_name="pe-export", standalone_mode=False)
     except PeExportError as err:
@@ -464,9 +462,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 traceback.print_exc()
             click.echo(f"error: unexpected {type(err).__name__}: {err} (a bug; rerun with --verbose)", err=True)
             code = ExitCode.INTERNAL_ERROR
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    sys.exit(int(code) if isinstance(code, int) else 0)
+    return int(code) if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MA
 from pe_export.errors import BadInputError, OutputExistsError
 from pe_export.fileio import folder_mode
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
+from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -144,6 +145,7 @@ def _make_golden(
         entries, total = [], 0
         with reference:
             for index, (feed, valid) in enumerate(batches):
+                raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops the bundle
                 outputs = reference.infer(feed)
                 name = f"batches/{index:05d}.npz"
                 arrays = {f"{INPUT_PREFIX}{k}": v for k, v in feed.items()}

@@ -12,5 +12,5 @@ mkdir -p "$out"
 pe-export tflite "$saved_model" -o "$out/encoder.tflite" --overwrite
 pe-export onnx "$saved_model" -o "$out/encoder.onnx" --overwrite
 pe-export golden "$saved_model" -o "$out/golden" --samples 64 --overwrite
-pe-export parity "$out/encoder.tflite" "$out/golden" --json "$out/parity-tflite.json" "$@"
-pe-export parity "$out/encoder.onnx" "$out/golden" --json "$out/parity-onnx.json" "$@"
+pe-export parity "$out/encoder.tflite" "$out/golden" --json "$out/parity-tflite.json" --overwrite "$@"
+pe-export parity "$out/encoder.onnx" "$out/golden" --json "$out/parity-onnx.json" --overwrite "$@"

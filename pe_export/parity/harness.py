@@ -9,6 +9,7 @@ from typing import Any
 
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.inspection import inspect_path
+from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.bundle import Bundle, load_bundle
 from pe_export.parity.metrics import OutputAccumulator, OutputMetrics
 from pe_export.parity.tolerances import Tolerance, tolerance_for
@@ -123,6 +124,7 @@ def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None =
         load_s = time.perf_counter() - started
         _check_interface(runner, bundle, model)
         for batch in bundle.batches():
+            raise_if_interrupted()
             produced = runner.infer(batch.inputs)
             for name, accumulator in accumulators.items():
                 if produced[name].shape != batch.outputs[name].shape:

@@ -152,11 +152,15 @@ def test_list_tables_and_unknown_table_name(capfd, variant_model, tmp_path: Path
 def test_max_len_stretches_learned_tables_with_a_warning(variant_model, tmp_path: Path) -> None:
     model = variant_model("learned", None)
     with pytest.warns(UserWarning, match="linear interpolation — an approximation"):
-        report = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(max_len=128)))
+        report = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(max_len=128),
+                                                                       keep_failed=True))  # fmt: skip
     (table,) = report.tables
     assert table.rows == 128 and table.warnings and table.method == "none"
+    # The stretched rows no longer match the trained ones: a parity failure, so nothing at -o, and the
+    # file kept by name for a look (--keep-failed).
+    assert report.exit_code == ExitCode.PARITY_FAILED and not (tmp_path / "m.onnx").exists()
     feed = {"token_ids": np.ones((1, 100), np.int32)}  # longer than the 64 trained positions
-    assert np.isfinite(onnxruntime_outputs(tmp_path / "m.onnx", feed)["sequence_output"]).all()
+    assert np.isfinite(onnxruntime_outputs(tmp_path / "m.FAILED.onnx", feed)["sequence_output"]).all()
 
 
 def test_dynamic_export_is_verified_over_every_rebuilt_row(variant_model, tmp_path: Path) -> None:
