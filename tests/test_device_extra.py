@@ -7,6 +7,7 @@ is neither installed nor imported.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +37,7 @@ print("tensorflow imported:", "tensorflow" in sys.modules)
 
 
 PARITY_SCRIPT = """
+import subprocess
 import sys
 from pe_export.parity.harness import assert_parity
 for model in sys.argv[1:3]:
@@ -54,8 +56,12 @@ def python_310() -> str | None:
     import glob
     import shutil
 
-    pyenv = sorted(glob.glob(str(Path.home() / ".pyenv" / "versions" / "3.10*" / "bin" / "python3.10")))
-    return shutil.which("python3.10") or (pyenv[0] if pyenv else None)
+    candidates = sorted(glob.glob(str(Path.home() / ".pyenv" / "versions" / "3.10*" / "bin" / "python3.10")))
+    candidates.append(shutil.which("python3.10") or "")  # a pyenv shim is on PATH without being usable
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "import venv"], capture_output=True, check=False).returncode == 0:
+            return candidate
+    return None
 
 
 @pytest.fixture(scope="session", params=["current", "3.10"])
