@@ -15,27 +15,14 @@ Measured on MiniLM, every weight int8, worst of 8 real sentences' pooled cosine:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-ALPHAS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # 0: no smoothing
+from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8
+
 LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range per tensor per call
-WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel
-FLOOR = 1e-5  # a channel that is never active keeps a finite scale
-
-
-@dataclass(frozen=True)
-class Smoothing:
-    tensors: int  # activation tensors that read by MatMuls were considered
-    smoothed: int  # of which smoothed (α > 0 was best)
-    error_before: float  # simulated int8 error of all those products, relative (sum of squares)
-    error_after: float
-
-    def note(self) -> str:
-        return (f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
-                f"MatMul inputs; simulated int8 error {self.error_before:.2e} → {self.error_after:.2e})")  # fmt: skip
 
 
 def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any) -> tuple[Any, Smoothing]:
@@ -55,53 +42,27 @@ def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any)
         if node.op_type == "MatMul" and node.input[1] in initializers and len(initializers[node.input[1]].dims) == 2:
             readers[node.input[0]].append(node)
     if not readers:
-        return smoothed, Smoothing(0, 0, 0.0, 0.0)
+        return smoothed, Smoothing("MatMul", 0, 0, 0.0, 0.0)
     captured = run(_with_outputs(model, list(readers)), feeds, list(readers))
-    total_before = total_after = total_reference = 0.0
-    scaled: dict[str, np.ndarray] = {}
+    groups = {}
     for tensor, nodes in readers.items():
-        weights = [numpy_helper.to_array(initializers[node.input[1]]) for node in nodes]
-        joined = np.concatenate(weights, axis=1)
-        activations = [np.asarray(run_output[tensor], np.float32) for run_output in captured]
-        activations = [a.reshape(-1, a.shape[-1]) for a in activations if a.size]
-        if not activations or activations[0].shape[-1] != joined.shape[0]:
-            continue
-        reference = sum(float(np.square(a @ joined).sum()) for a in activations)
-        best_alpha, best_error, best_scale = 0.0, np.inf, None
-        for alpha in ALPHAS:
-            scale = _scale(activations, joined, alpha)
-            error = sum(_quantized_error(a / scale, joined * scale[:, None], a @ joined) for a in activations)
-            if alpha == 0.0:
-                total_before += error
-            if error < best_error:
-                best_alpha, best_error, best_scale = alpha, error, scale
-        total_after += best_error
-        total_reference += reference
-        if best_alpha > 0.0 and best_scale is not None:
-            scaled[tensor] = best_scale
+        joined = np.concatenate([numpy_helper.to_array(initializers[node.input[1]]) for node in nodes], axis=1)
+        rows = [np.asarray(output[tensor], np.float32) for output in captured]
+        rows = [r.reshape(-1, r.shape[-1]) for r in rows if r.size]
+        if rows and rows[0].shape[-1] == joined.shape[0]:
+            groups[tensor] = (rows, joined)
+    scaled, smoothing = choose_scales(groups, _quantized_product, "MatMul")
     _rewrite(graph, readers, scaled, initializers)
-    relative = max(total_reference, 1e-30)
-    return smoothed, Smoothing(len(readers), len(scaled), total_before / relative, total_after / relative)
+    return smoothed, replace(smoothing, tensors=len(readers))
 
 
-def _scale(activations: list[np.ndarray], weight: np.ndarray, alpha: float) -> np.ndarray:
-    if alpha == 0.0:
-        return np.ones(weight.shape[0], np.float32)
-    x_max = np.max([np.abs(a).max(axis=0) for a in activations], axis=0)
-    w_max = np.abs(weight).max(axis=1)
-    scale = np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)
-    return scale.astype(np.float32)
-
-
-def _quantized_error(x: np.ndarray, weight: np.ndarray, exact: np.ndarray) -> float:
-    """Sum of squared errors of ``x·weight`` as onnxruntime's dynamic int8 computes it, against ``exact``."""
+def _quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``x·weight`` as onnxruntime's dynamic int8 computes it: x over one uint8 range, weights per channel."""
     low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
     step = (high - low) / LEVELS or 1.0
     zero = np.round(-low / step)
     x_q = (np.clip(np.round(x / step) + zero, 0, LEVELS) - zero) * step
-    w_step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / WEIGHT_LEVELS
-    w_q = np.round(weight / w_step) * w_step
-    return float(np.square(x_q @ w_q - exact).sum())
+    return x_q @ per_channel_int8(weight)
 
 
 def _with_outputs(model: Any, names: list[str]) -> Any:

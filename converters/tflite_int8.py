@@ -23,22 +23,21 @@ from __future__ import annotations
 import importlib
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pe_export.converters.keep_float import KeepFloatOutcome, keep_float_to_target
+from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8
 from pe_export.parity.tolerances import Tolerance
 
 # Builtin ops whose hybrid (int8 weight, float activation) kernels also run with a float32 weight.
 HYBRID_OPS = ("FULLY_CONNECTED", "BATCH_MATMUL", "CONV_2D", "DEPTHWISE_CONV_2D")
 WEIGHT_INPUT = 1
-ALPHAS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # 0: no smoothing
 ROW_LEVELS = 255  # the hybrid kernels' activations: int8, asymmetric, one range per row
 WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel
-FLOOR = 1e-5
 
 
 @dataclass
@@ -48,18 +47,6 @@ class _Weight:
     op: Any  # the one operator that reads it
     op_name: str
     dequantize: Any = None  # GATHER only: the DEQUANTIZE of the gathered int8 rows
-
-
-@dataclass(frozen=True)
-class TFLiteSmoothing:
-    tensors: int
-    smoothed: int
-    error_before: float
-    error_after: float
-
-    def note(self) -> str:
-        return (f"activations smoothed into the weights ({self.smoothed} of {self.tensors} FULLY_CONNECTED "
-                f"inputs; simulated int8 error {self.error_before:.2e} → {self.error_after:.2e})")  # fmt: skip
 
 
 class DynamicRangeFile:
@@ -138,32 +125,20 @@ class DynamicRangeFile:
                 groups[graph.tensors[int(weight.op.inputs[0])].name.decode()].append(name)
         return dict(groups)
 
-    def smooth(self, activations: dict[str, list[np.ndarray]]) -> TFLiteSmoothing:
+    def smooth(self, activations: dict[str, list[np.ndarray]]) -> Smoothing:
         """In place: for each input tensor with activations, the α (0 = none) with the least simulated
         error; a MUL by 1/s inserted before its FCs, their weights' columns times s, requantized."""
-        groups = self.smoothable()
-        before = after = reference = 0.0
-        chosen: dict[str, np.ndarray] = {}
-        for tensor, names in groups.items():
+        readers = self.smoothable()
+        groups = {}
+        for tensor, names in readers.items():
             rows = [a.reshape(-1, a.shape[-1]) for a in activations.get(tensor, []) if a.size]
-            joined = np.concatenate([self.weights[n].values for n in names], axis=0)  # [outputs, inputs]
-            if not rows or rows[0].shape[-1] != joined.shape[1]:
-                continue
-            best = (np.inf, 0.0, None)
-            for alpha in ALPHAS:
-                scale = _scale(rows, joined, alpha)
-                error = sum(_row_quantized_error(r / scale, joined * scale, r @ joined.T) for r in rows)
-                before += error if alpha == 0.0 else 0.0
-                if error < best[0]:
-                    best = (error, alpha, scale)
-            after += best[0]
-            reference += sum(float(np.square(r @ joined.T).sum()) for r in rows)
-            if best[1] > 0.0 and best[2] is not None:
-                chosen[tensor] = best[2]
+            joined = np.concatenate([self.weights[n].values for n in names], axis=0).T  # [inputs, outputs]
+            if rows and rows[0].shape[-1] == joined.shape[0]:
+                groups[tensor] = (rows, joined)
+        chosen, smoothing = choose_scales(groups, _row_quantized_product, "FULLY_CONNECTED")
         for tensor, scale in chosen.items():
-            self._insert_mul(tensor, scale, groups[tensor])
-        total = max(reference, 1e-30)
-        return TFLiteSmoothing(len(groups), len(chosen), before / total, after / total)
+            self._insert_mul(tensor, scale, readers[tensor])
+        return replace(smoothing, tensors=len(readers))
 
     def _insert_mul(self, tensor_name: str, scale: np.ndarray, weight_names: list[str]) -> None:
         schema = self._schema
@@ -274,25 +249,15 @@ def int8_to_target(
     return outcome
 
 
-def _scale(rows: list[np.ndarray], weight: np.ndarray, alpha: float) -> np.ndarray:
-    if alpha == 0.0:
-        return np.ones(weight.shape[1], np.float32)
-    x_max = np.max([np.abs(r).max(axis=0) for r in rows], axis=0)
-    w_max = np.abs(weight).max(axis=0)
-    return (np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)).astype(np.float32)
-
-
-def _row_quantized_error(x: np.ndarray, weight: np.ndarray, exact: np.ndarray) -> float:
-    """Sum of squared errors of ``x·weightᵀ`` as the hybrid FULLY_CONNECTED computes it (each row of x
-    int8 over its own range, weights int8 per output channel), against ``exact``."""
+def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``x·weight`` as the hybrid FULLY_CONNECTED computes it: each row of x int8 over its own range,
+    weights int8 per output channel."""
     low = np.minimum(x.min(axis=1, keepdims=True), 0.0)
     high = np.maximum(x.max(axis=1, keepdims=True), 0.0)
     step = np.where(high > low, (high - low) / ROW_LEVELS, 1.0)
     zero = np.round(-low / step)
     x_q = (np.clip(np.round(x / step) + zero, 0, ROW_LEVELS) - zero) * step
-    w_step = np.maximum(np.abs(weight).max(axis=1, keepdims=True), 1e-12) / WEIGHT_LEVELS
-    w_q = np.round(weight / w_step) * w_step
-    return float(np.square(x_q @ w_q.T - exact).sum())
+    return x_q @ per_channel_int8(weight, WEIGHT_LEVELS)
 
 
 def _interpreter_class() -> Any:

@@ -169,3 +169,14 @@ def pyproject() -> dict:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def outlier_feeds(seed: int, width: int, batches: int = 4, rows: int = 12) -> list[dict[str, np.ndarray]]:
+    """Activations with one outlier channel (x[:, 3] × 60), as trained encoders' LayerNorm outputs have."""
+    rng = np.random.default_rng(seed)
+    result = []
+    for _ in range(batches):
+        x = rng.normal(size=(rows, width)).astype(np.float32)
+        x[:, 3] *= 60.0
+        result.append({"x": x})
+    return result

@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.converters.onnx_quantize import _quantize, _run
 from pe_export.converters.onnx_smooth import smooth_activations
+from tests.helpers import outlier_feeds
 
 
 def outlier_model() -> onnx.ModelProto:
@@ -29,13 +30,7 @@ def outlier_model() -> onnx.ModelProto:
 
 
 def feeds(seed: int) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    result = []
-    for _ in range(4):
-        x = rng.normal(size=(12, 32)).astype(np.float32)
-        x[:, 3] *= 60.0  # one outlier channel
-        result.append({"x": x})
-    return result
+    return outlier_feeds(seed, width=32)
 
 
 def relative_error(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]],

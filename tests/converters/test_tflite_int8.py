@@ -13,6 +13,7 @@ import pytest
 from pe_export.api import export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
+from tests.helpers import outlier_feeds
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +42,7 @@ def outlier_files() -> tuple[bytes, bytes]:
 
 
 def feeds(seed: int) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    result = []
-    for _ in range(4):
-        x = rng.normal(size=(12, 64)).astype(np.float32)
-        x[:, 3] *= 60.0  # one outlier channel
-        result.append({"x": x})
-    return result
+    return outlier_feeds(seed, width=64)
 
 
 def run(data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path) -> list[dict[str, np.ndarray]]:

@@ -1,0 +1,72 @@
+"""SmoothQuant's scales, shared by both formats: for ``Y = X·W`` (W constant, [inputs, outputs]),
+``Y = (X / s)·(s·W)`` for any positive per-input-channel s, chosen as ``max|X_k|^α / max|W_k|^(1-α)``
+with α per activation tensor from a grid, by the error of the runtime's own int8 product (a simulation
+the format supplies) on activations captured from the float file. α 0 is no smoothing, so a tensor never
+gets worse in the simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+ALPHAS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # 0: no smoothing
+FLOOR = 1e-5  # a channel that is never active keeps a finite scale
+# (activation rows, weight [inputs, outputs]) → the product as the runtime's int8 kernels compute it
+QuantizedProduct = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    what: str  # the ops whose inputs were considered ("MatMul", "FULLY_CONNECTED")
+    tensors: int  # activation tensors read by those ops
+    smoothed: int  # of which smoothed (α > 0 was best)
+    error_before: float  # simulated int8 error of all those products, relative (sum of squares)
+    error_after: float
+
+    def note(self) -> str:
+        return (f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
+                f"{self.what} inputs; simulated int8 error {self.error_before:.2e} → "
+                f"{self.error_after:.2e})")  # fmt: skip
+
+
+def choose_scales(
+    groups: dict[str, tuple[list[np.ndarray], np.ndarray]], product: QuantizedProduct, what: str
+) -> tuple[dict[str, np.ndarray], Smoothing]:
+    """For each activation tensor (its captured rows [n, inputs], the joined weights [inputs, outputs] of
+    the ops that read it), the scale s of the best α; only tensors where α > 0 won are returned."""
+    before = after = reference = 0.0
+    chosen: dict[str, np.ndarray] = {}
+    for tensor, (rows, weight) in groups.items():
+        exact = [r @ weight for r in rows]
+        best_error, best_alpha, best_scale = np.inf, 0.0, None
+        for alpha in ALPHAS:
+            scale = migration_scale(rows, weight, alpha)
+            error = sum(float(np.square(product(r / scale, weight * scale[:, None]) - e).sum())
+                        for r, e in zip(rows, exact, strict=True))  # fmt: skip
+            before += error if alpha == 0.0 else 0.0
+            if error < best_error:
+                best_error, best_alpha, best_scale = error, alpha, scale
+        after += best_error
+        reference += sum(float(np.square(e).sum()) for e in exact)
+        if best_alpha > 0.0 and best_scale is not None:
+            chosen[tensor] = best_scale
+    total = max(reference, 1e-30)
+    return chosen, Smoothing(what, len(groups), len(chosen), before / total, after / total)
+
+
+def migration_scale(rows: list[np.ndarray], weight: np.ndarray, alpha: float) -> np.ndarray:
+    """s per input channel: ``max|X|^α / max|W|^(1-α)`` (ones for α 0)."""
+    if alpha == 0.0:
+        return np.ones(weight.shape[0], np.float32)
+    x_max = np.max([np.abs(r).max(axis=0) for r in rows], axis=0)
+    w_max = np.abs(weight).max(axis=1)
+    return (np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)).astype(np.float32)
+
+
+def per_channel_int8(weight: np.ndarray, levels: int = 127) -> np.ndarray:
+    """``weight`` [inputs, outputs] after symmetric int8 with one scale per output channel, dequantized."""
+    step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / levels
+    return np.round(weight / step) * step
