@@ -1,4 +1,4 @@
-"""One small encoder per position-encoding variant of DESIGN.md, as Keras 3 models.
+"""One small encoder per position-encoding variant (README, "Position tables"), as Keras 3 models.
 
 Token embedding → the variant's position information → LayerNorm → Dense. Each builder
 takes the sequence length (None for dynamic) and returns an uncompiled keras.Model whose

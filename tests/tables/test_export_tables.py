@@ -1,4 +1,4 @@
-"""Position tables end to end: every DESIGN.md variant detected and exported with parity;
+"""Position tables end to end: every position-encoding variant detected and exported with parity;
 --compress shrinks the exported file by the table's size; lossy methods fail loudly."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Compression methods on the 512×512 table: DESIGN.md's measured numbers, reproduced."""
+"""Compression methods on the 512×512 table: the design notes' measured numbers, reproduced."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_svd_rank_and_energy() -> None:
 def test_seed_interpolation_is_lossy_as_measured() -> None:
     error, compressed = table_error("interp", 64)
     assert compressed.notes["kept_dims"] == 64 and not compressed.exact
-    assert 1.9 <= error <= 2.0  # DESIGN.md: max abs 2.0 — adjacent columns have unrelated frequencies
+    assert 1.9 <= error <= 2.0  # the design notes: max abs 2.0 — adjacent columns have unrelated frequencies
 
 
 def test_angle_needs_a_sinusoid_and_the_registry_names_the_choices() -> None:
