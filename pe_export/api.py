@@ -298,9 +298,7 @@ def _prepare(target: str, source: ModelSource, output: Path, options: ExportOpti
         signature_input_specs,
     )
 
-    options.validate(target)
-    check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")
-    saved_model = source.saved_model
+    saved_model = source.saved_model  # options and output path were checked once, in _export
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
@@ -328,15 +326,15 @@ def _check_length_fits_tables(loaded: LoadedSavedModel, signature: Any, model_sp
                               frozen: FrozenSignature, seq_len: int) -> None:  # fmt: skip
     """--seq-len past a dynamic-length model's position table: what to do instead, in one line."""
     from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import TableOptions, prepare_graph
+    from pe_export.tables.pipeline import fixed_length, position_rows
 
     try:
         _ = frozen.concrete
     except BadInputError:
-        if any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in model_specs):
-            raise  # a fixed-length model: the message already says so
         native = FrozenSignature(signature, model_specs)
-        rows = prepare_graph(loaded, native, TableOptions(list_only=True)).position_length()
+        if fixed_length(native):
+            raise  # a fixed-length model: the message already says so
+        rows = position_rows(loaded, native)
         if rows is None or seq_len <= rows:
             raise
         raise BadInputError(

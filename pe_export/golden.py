@@ -100,7 +100,7 @@ def _make_golden(
         signature_input_specs,
         signature_output_specs,
     )
-    from pe_export.tables.pipeline import TableOptions, checked_length, prepare_graph
+    from pe_export.tables.pipeline import checked_length, position_rows
 
     saved_model = source.saved_model
     loaded = load_savedmodel(saved_model)
@@ -109,7 +109,7 @@ def _make_golden(
     frozen = FrozenSignature(signature, model_specs)  # one freeze for the table length and the input bounds
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
     if options.seq_len is not None and _fixed_seq_len(model_specs) is None:
-        rows = prepare_graph(loaded, frozen, TableOptions(list_only=True)).position_length()
+        rows = position_rows(loaded, frozen)
         if rows is not None and options.seq_len > rows:
             raise BadInputError(
                 f"--seq-len {options.seq_len} is longer than the model's position table ({rows} rows); pass "

@@ -227,9 +227,13 @@ def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = No
     """
     if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in frozen.specs):
         return None
-    prepared = prepared or prepare_graph(loaded, frozen, TableOptions(list_only=True))
-    length = prepared.position_length()
+    length = prepared.position_length() if prepared is not None else position_rows(loaded, frozen)
     return min(length, MAX_CHECKED_POSITIONS) if length else None
+
+
+def position_rows(loaded: Any, frozen: Any) -> int | None:
+    """Rows of the tables the model reads by position (the longest sequence it can run), None without any."""
+    return prepare_graph(loaded, frozen, TableOptions(list_only=True)).position_length()
 
 
 def fixed_length(frozen: Any) -> bool:
