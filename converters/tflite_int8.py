@@ -260,25 +260,15 @@ def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return x_q @ per_channel_int8(weight, WEIGHT_LEVELS)
 
 
-def _interpreter_class() -> Any:
-    for module in ("ai_edge_litert.interpreter", "tflite_runtime.interpreter"):
-        try:
-            return importlib.import_module(module).Interpreter
-        except ImportError:
-            continue
-    from pe_export.native import import_tensorflow
-
-    return import_tensorflow().lite.Interpreter
-
-
 def _captured(data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str],
               folder: Path) -> dict[str, list[np.ndarray]]:  # fmt: skip
     """The named tensors of the float32 file on every feed (no delegate: it would keep them internal)."""
     from pe_export.native import capture_native_output
+    from pe_export.runners import create_runner
 
-    interpreter_class = _interpreter_class()
     path = folder / "float.tflite"
     path.write_bytes(data)
+    interpreter_class = create_runner(_runtime(path), path).interpreter_class()  # the runtime _run uses
     with capture_native_output():
         interpreter = interpreter_class(model_path=str(path), num_threads=1, experimental_preserve_all_tensors=True,
                                         experimental_op_resolver_type=_no_delegates(interpreter_class))  # fmt: skip
@@ -299,12 +289,11 @@ def _no_delegates(interpreter_class: Any) -> Any:
 
 
 def _run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
-    from pe_export.runners import create_runner, first_installed_runner
+    from pe_export.runners import create_runner
 
     path = folder / "candidate.tflite"
     path.write_bytes(data)
-    runtime = first_installed_runner(path) or "tflite-tf"
-    with create_runner(runtime, path, threads=1) as runner:
+    with create_runner(_runtime(path), path, threads=1) as runner:
         inputs = {spec.name for spec in runner.input_specs()}
         return [runner.infer({k: v for k, v in feed.items() if k in inputs}) for feed in feeds]
 
@@ -322,3 +311,10 @@ def _constant_floats(model: Any) -> dict[bytes, np.ndarray]:
             if values.size == int(np.prod(shape)):
                 result[tensor.name] = values.reshape(shape)
     return result
+
+
+def _runtime(path: Path) -> str:
+    """The TFLite runtime that judges candidates: the first installed, as verification picks it."""
+    from pe_export.runners import first_installed_runner
+
+    return first_installed_runner(path) or "tflite-tf"

@@ -32,14 +32,14 @@ class _TFLiteRunner(Runner):
         self._signature_runner: Any = None
         self._invoked = False
 
-    def _interpreter_class(self) -> Any:
+    def interpreter_class(self) -> Any:
         try:
             return importlib.import_module(self.module).Interpreter
         except ImportError as err:
             raise missing_extra(self.package, self.extra) from err
 
     def activate(self) -> None:
-        interpreter_class = self._interpreter_class()
+        interpreter_class = self.interpreter_class()
         try:
             # The interpreter announces its XNNPACK delegate on fd 2; keep reports clean.
             with capture_native_output():
@@ -139,7 +139,7 @@ class TensorFlowLiteRunner(_TFLiteRunner):
     package = "tensorflow"
     extra = "convert"
 
-    def _interpreter_class(self) -> Any:
+    def interpreter_class(self) -> Any:
         from pe_export.native import import_tensorflow
 
         return import_tensorflow().lite.Interpreter  # tf.lite is a lazy attribute, not an importable module
