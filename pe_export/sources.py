@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from pe_export.errors import BadInputError, missing_extra, one_line
@@ -24,12 +25,22 @@ CHECKPOINT_CONFIG = "config.json"
 CHECKPOINT_WEIGHTS = "*.safetensors"
 
 
-@dataclass(frozen=True)
+@dataclass
 class ModelSource:
     given: Path  # what the user passed
     saved_model: Path  # the SavedModel folder to read (the given folder, or a temporary export)
-    digest: str  # names the model in bundles and exported files
     kind: str  # "savedmodel", "keras" or "checkpoint"
+
+    @cached_property
+    def digest(self) -> str:
+        """Names the model in bundles and exported files; read only when asked (--list-tables never is)."""
+        from pe_export.savedmodel import savedmodel_digest
+
+        if self.kind == "keras":
+            return _files_digest([self.given])
+        if self.kind == "checkpoint":
+            return _files_digest([self.given / CHECKPOINT_CONFIG, *sorted(self.given.glob(CHECKPOINT_WEIGHTS))])
+        return savedmodel_digest(self.saved_model)
 
 
 def output_stem(path: Path) -> str:
@@ -41,20 +52,19 @@ def output_stem(path: Path) -> str:
 @contextlib.contextmanager
 def model_source(path: Path) -> Iterator[ModelSource]:
     """The SavedModel behind ``path``; a temporary one is removed when the block ends."""
-    from pe_export.savedmodel import check_savedmodel_dir, is_savedmodel_dir, savedmodel_digest
+    from pe_export.savedmodel import check_savedmodel_dir, is_savedmodel_dir
 
     path = Path(path)
     if path.is_file() and path.suffix == KERAS_SUFFIX:
         with _exported(path, "keras") as saved:
-            yield ModelSource(path, saved, _files_digest([path]), "keras")
+            yield ModelSource(path, saved, "keras")
         return
     if path.is_dir() and not is_savedmodel_dir(path) and _is_checkpoint(path):
         with _exported(path, "checkpoint") as saved:
-            weights = sorted(path.glob(CHECKPOINT_WEIGHTS))
-            yield ModelSource(path, saved, _files_digest([path / CHECKPOINT_CONFIG, *weights]), "checkpoint")
+            yield ModelSource(path, saved, "checkpoint")
         return
     check_savedmodel_dir(path)
-    yield ModelSource(path, path, savedmodel_digest(path), "savedmodel")
+    yield ModelSource(path, path, "savedmodel")
 
 
 def _is_checkpoint(path: Path) -> bool:
