@@ -18,8 +18,9 @@ import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.inputs import generate_inputs
-from pe_export.runners import create_runner, first_installed_runner
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, runner_options
+from pe_export.runners import create_runner, first_installed_runner, runner_options
+from pe_export.runners.litert_gpu import DEFAULT_GPU_PRECISION, check_gpu_precision
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
 
 DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = 100, 10, 1, 128
 BENCH_SCHEMA_VERSION = 1
@@ -49,8 +50,11 @@ class BenchOptions:
     runs: int = DEFAULT_RUNS
     warmup: int = DEFAULT_WARMUP
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
+    gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
+    cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
 
     def validate(self) -> None:
+        check_gpu_precision(self.gpu_precision)
         for flag, value, low, high in (
             ("--batch", self.batch, 1, 1 << 16), ("--seq-len", self.seq_len, 1, 1 << 20),
             ("--runs", self.runs, 1, 10_000_000), ("--warmup", self.warmup, 0, 1_000_000),
@@ -131,7 +135,10 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
         raise RuntimeUnavailableError(
             f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
         )
-    extra = runner_options(runtime, threads=options.threads, providers=options.providers, tf32=options.tf32)
+    extra = runner_options(
+        runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
+        gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,
+    )  # fmt: skip
     started = time.perf_counter()
     runner = create_runner(runtime, model, **extra)
     runner.activate()

@@ -33,6 +33,7 @@ from pe_export.errors import (
 from pe_export.interrupts import Terminated, interruptible
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
+from pe_export.runners.litert_gpu import DEFAULT_GPU_PRECISION, GPU_PRECISIONS
 from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
 from pe_export.tables.pipeline import COMPRESS_METHODS, TABLE_DTYPES, TableOptions
 from pe_export.text_inputs import TextInputs
@@ -118,6 +119,20 @@ def _export_options(**values: Any) -> Any:
             names=tuple(values["table_names"]),
         ),
     )
+
+
+def _gpu_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--gpu-precision and --cpu-fallback: what litert-gpu computes in and whether the CPU may help."""
+    command = click.option(
+        "--cpu-fallback", is_flag=True, help="litert-gpu: run ops the GPU lacks on the CPU (listed in the report)."
+    )(command)
+    return click.option(
+        "--gpu-precision",
+        type=click.Choice(GPU_PRECISIONS),
+        default=DEFAULT_GPU_PRECISION,
+        show_default=True,
+        help="litert-gpu arithmetic: fp16 (the GPU's default, judged by the fp16 tolerance) or fp32.",
+    )(command)
 
 
 def _target_runtime(
@@ -253,7 +268,9 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 @click.argument("model", type=click.Path(path_type=Path))
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option(
-    "--runtime", default=None, help="litert, tflite-runtime, tflite-tf or onnxruntime (default: first installed)."
+    "--runtime",
+    default=None,
+    help="litert, litert-gpu, tflite-runtime, tflite-tf or onnxruntime (default: first installed, never litert-gpu).",
 )
 @click.option(
     "--providers", default=None, help="onnxruntime providers in order, e.g. tensorrt,cuda,cpu (default: cpu)."
@@ -278,6 +295,7 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 )
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
+@_gpu_options
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json and --plot files.")
 def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, overwrite: bool,
@@ -312,6 +330,8 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         threads=values["threads"],
         isolate=not values["no_isolate"],
         tf32=values["tf32"],
+        gpu_precision=values["gpu_precision"],
+        cpu_fallback=values["cpu_fallback"],
         target_tolerances=profile.tolerances if profile else {},
     )
     report = check_parity(model, bundle, options)
@@ -329,7 +349,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--runtime", default=None, help="litert, tflite-runtime, tflite-tf or onnxruntime.")
+@click.option("--runtime", default=None, help="litert, litert-gpu, tflite-runtime, tflite-tf or onnxruntime.")
 @click.option("--providers", default=None, help="onnxruntime providers in order, e.g. tensorrt,cuda,cpu.")
 @click.option("--target", default=None, help="Apply a device profile's runtime, providers and settings.")
 @click.option("--threads", type=int, default=None, help="Runtime threads (default: the runtime's).")
@@ -340,6 +360,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 @click.option("--runs", type=int, default=None, help=f"Timed runs (default {DEFAULT_RUNS}).")
 @click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {DEFAULT_WARMUP}).")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
+@_gpu_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
 def bench(model: Path, json_path: Path | None, overwrite: bool, **values: Any) -> int:
@@ -354,7 +375,10 @@ def bench(model: Path, json_path: Path | None, overwrite: bool, **values: Any) -
     runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
     settings = dict(profile.bench) if profile else {}
     given = {key: values[key] for key in ("threads", "batch", "seq_len", "runs", "warmup") if values[key] is not None}
-    options = BenchOptions(runtime=runtime, providers=providers, tf32=values["tf32"], **{**settings, **given})
+    options = BenchOptions(
+        runtime=runtime, providers=providers, tf32=values["tf32"], gpu_precision=values["gpu_precision"],
+        cpu_fallback=values["cpu_fallback"], **{**settings, **given},
+    )  # fmt: skip
     with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
 
         def advance(done: int, total: int) -> None:

@@ -35,23 +35,42 @@ def _tflite_runtime_verdict(min_runtime_version: str | None) -> RuntimeVerdict:
     return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; {MIN_RUNTIME_KEY} {min_runtime_version} ≤ {last}")
 
 
+def _litert_gpu_verdict(dynamic_inputs: list[str]) -> RuntimeVerdict:
+    if dynamic_inputs:
+        return RuntimeVerdict(
+            "litert-gpu", False,
+            f"the GPU needs fixed input shapes; dynamic: {', '.join(dynamic_inputs)} "
+            "(export with --batch and --seq-len)",
+        )  # fmt: skip
+    return RuntimeVerdict(
+        "litert-gpu", True,
+        "fixed shapes; op coverage is per GPU: confirm with `pe-export parity --runtime litert-gpu`",
+    )  # fmt: skip
+
+
 def tflite_verdicts(
-    flex_ops: list[str], custom_ops: list[str], min_runtime_version: str | None = None
+    flex_ops: list[str],
+    custom_ops: list[str],
+    min_runtime_version: str | None = None,
+    dynamic_inputs: list[str] | None = None,
 ) -> list[RuntimeVerdict]:
     if custom_ops:
         reason = f"custom ops {', '.join(custom_ops)} need kernels registered by the application"
-        return [RuntimeVerdict(name, False, reason) for name in ("ai-edge-litert", "tflite-runtime", "tflite+flex")]
+        names = ("ai-edge-litert", "tflite-runtime", "tflite+flex", "litert-gpu")
+        return [RuntimeVerdict(name, False, reason) for name in names]
     if flex_ops:
         reason = f"needs Flex ops {', '.join(flex_ops)}"
         return [
             RuntimeVerdict("ai-edge-litert", False, reason),
             RuntimeVerdict("tflite-runtime", False, reason),
             RuntimeVerdict("tflite+flex", True, FLEX_RUNTIME_HINT),
+            RuntimeVerdict("litert-gpu", False, reason),
         ]
     return [
         RuntimeVerdict("ai-edge-litert", True, "builtin ops only"),
         _tflite_runtime_verdict(min_runtime_version),
         RuntimeVerdict("tflite+flex", True, "builtin ops only"),
+        _litert_gpu_verdict(dynamic_inputs or []),
     ]
 
 

@@ -126,6 +126,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
     custom = sorted(
         name for name in op_counts if name not in flex and (name == "CUSTOM" or name not in BUILTIN_OPERATORS.values())
     )
+    dynamic_inputs = [s.describe() for s in signatures[0].inputs if None in s.shape] if signatures else []
     return ModelSummary(
         path=path,
         format="tflite",
@@ -135,7 +136,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         constants=constants,
         flex_ops=flex,
         custom_ops=custom,
-        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY)),
+        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY), dynamic_inputs),
         details={"subgraphs": str(len(subgraphs))},
         metadata=metadata,
     )

@@ -14,10 +14,11 @@ from pe_export.parity.bundle import Bundle, load_bundle
 from pe_export.parity.metrics import OutputAccumulator, OutputMetrics
 from pe_export.parity.tolerances import Tolerance, tolerance_for
 from pe_export.provenance import PRECISION, SOURCE_DIGEST
-from pe_export.runners import create_runner, first_installed_runner, runners_for_file
-from pe_export.runners.base import Runner
+from pe_export.runners import create_runner, first_installed_runner, runner_options, runners_for_file
+from pe_export.runners.base import RUNNERS, Runner
 from pe_export.runners.isolated import DEFAULT_TIMEOUT_S, IsolatedRunner
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, resolve_providers, runner_options
+from pe_export.runners.litert_gpu import DEFAULT_GPU_PRECISION, check_gpu_precision
+from pe_export.runners.onnxrt import DEFAULT_PROVIDERS, resolve_providers
 from pe_export.specs import TensorSpec
 
 
@@ -35,11 +36,14 @@ class ParityOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     threads: int | None = None
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
+    gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
+    cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
     # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
     target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
+        check_gpu_precision(self.gpu_precision)
         if not self.timeout_s > 0:
             raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
         if self.threads is not None and not 1 <= self.threads <= 1024:
@@ -59,6 +63,7 @@ class ParityReport:
     load_s: float
     first_result_s: float
     total_s: float
+    arithmetic: str | None = None  # the runtime's own precision when coarser than the file's (a GPU's fp16)
 
     @property
     def passed(self) -> bool:
@@ -74,6 +79,7 @@ class ParityReport:
             "bundle": str(self.bundle),
             "runtime": self.runtime,
             "precision": self.precision,
+            "arithmetic": self.arithmetic,
             "digest": self.digest,
             "passed": self.passed,
             "samples": self.samples,
@@ -95,7 +101,9 @@ class ParityReport:
             f"{self.model.name} fails parity on {self.runtime}: {len(failed)} of {len(self.outputs)} outputs over "
             f"tolerance; {worst.name!r} max abs {worst.max_abs:.3g} (atol {tol.atol:g}, rtol {tol.rtol:g}), "
             f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
-        )
+            + (f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
+               if self.arithmetic == "fp16" else "")
+        )  # fmt: skip
 
 
 class ParityAssertionError(ParityError, AssertionError):
@@ -109,14 +117,16 @@ def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None =
     bundle = load_bundle(bundle_path)
     summary = _summarize(model)
     digest = _check_digest(summary.metadata.get(SOURCE_DIGEST), bundle, options.ignore_digest, model)
-    precision = options.precision or summary.metadata.get(PRECISION) or "fp32"
-    tolerances = _tolerances(bundle, precision, options)
     runtime = options.runtime or first_installed_runner(model)
     if runtime is None:
         raise RuntimeUnavailableError(
             f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
         )
-    runner = _runner(runtime, model, options)
+    extra = _runner_options(runtime, options)
+    arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
+    precision = options.precision or _judged_precision(summary.metadata.get(PRECISION) or "fp32", arithmetic)
+    tolerances = _tolerances(bundle, precision, options)
+    runner = _runner(runtime, model, options, extra)
     accumulators = {spec.name: OutputAccumulator(spec.name, tolerances[spec.name]) for spec in bundle.outputs}
     first_result_s = 0.0
     try:
@@ -149,6 +159,7 @@ def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None =
         load_s=load_s,
         first_result_s=first_result_s,
         total_s=time.perf_counter() - started,
+        arithmetic=arithmetic,
     )
 
 
@@ -200,8 +211,24 @@ def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[
     return {name: overall.override(options.output_atol.get(name), options.output_rtol.get(name)) for name in names}
 
 
-def _runner(runtime: str, model: Path, options: ParityOptions) -> Runner:
-    extra = runner_options(runtime, threads=options.threads, providers=options.providers, tf32=options.tf32)
+# Coarsest last: a file is judged by its own precision or the runtime's arithmetic, whichever is coarser.
+_PRECISION_ORDER = ("fp32", "fp16", "int8")
+
+
+def _judged_precision(file_precision: str, arithmetic: str | None) -> str:
+    if arithmetic is None or file_precision not in _PRECISION_ORDER:
+        return file_precision
+    return max(file_precision, arithmetic, key=_PRECISION_ORDER.index)
+
+
+def _runner_options(runtime: str, options: ParityOptions) -> dict[str, Any]:
+    return runner_options(
+        runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
+        gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,
+    )  # fmt: skip
+
+
+def _runner(runtime: str, model: Path, options: ParityOptions, extra: dict[str, Any]) -> Runner:
     create_runner(runtime, model, **extra)  # validates the name, the file kind and the providers up front
     if options.isolate:
         return IsolatedRunner(runtime, model, timeout_s=options.timeout_s, **extra)

@@ -4,13 +4,14 @@ Importing this package registers every runner; each imports its backend lazily o
 ``activate`` so that a missing optional runtime only matters when it is asked for.
 """
 
-from pe_export.runners import litert, onnxrt  # noqa: F401  (registration)
+from pe_export.runners import litert, litert_gpu, onnxrt  # noqa: F401  (registration, in preference order)
 from pe_export.runners.base import (
     Runner,
     create_runner,
     first_installed_runner,
     installed_runners,
     runner_names,
+    runner_options,
     runners_for_file,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "first_installed_runner",
     "installed_runners",
     "runner_names",
+    "runner_options",
     "runners_for_file",
 ]

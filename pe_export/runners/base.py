@@ -26,6 +26,8 @@ class Runner(ABC):
     name: ClassVar[str]
     file_suffixes: ClassVar[tuple[str, ...]]
     backend_module: ClassVar[str] = ""  # top-level module the runtime needs
+    option_names: ClassVar[tuple[str, ...]] = ()  # keyword options beyond threads that this runner takes
+    only_when_asked: ClassVar[bool] = False  # never picked as a file's default runtime
 
     def __init__(self, model_path: Path, *, threads: int | None = None, **options: Any) -> None:
         self.model_path = Path(model_path)
@@ -50,6 +52,11 @@ class Runner(ABC):
 
     def describe(self) -> str:
         return self.name
+
+    @classmethod
+    def arithmetic_precision(cls, options: dict[str, Any]) -> str | None:
+        """The precision the runtime computes in when coarser than the file's (a GPU's float16), else None."""
+        return None
 
     def __enter__(self) -> Runner:
         self.activate()
@@ -84,12 +91,23 @@ def runners_for_file(path: Path) -> list[str]:
 
 
 def installed_runners(path: Path) -> list[str]:
-    """Runners for this file whose backend module is installed (found, not imported), in preference order."""
-    return [name for name in runners_for_file(path) if importlib.util.find_spec(RUNNERS.get(name).backend_module)]
+    """Runners for this file whose backend module is installed (found, not imported), in preference order;
+    runners that need hardware (``only_when_asked``) are left out: they run when named."""
+    return [
+        name
+        for name in runners_for_file(path)
+        if not RUNNERS.get(name).only_when_asked and importlib.util.find_spec(RUNNERS.get(name).backend_module)
+    ]
 
 
 def first_installed_runner(path: Path) -> str | None:
     return next(iter(installed_runners(path)), None)
+
+
+def runner_options(runtime: str, *, threads: int | None, **options: Any) -> dict[str, Any]:
+    """Keyword options for create_runner: threads, plus those of ``options`` this runtime takes."""
+    accepted = RUNNERS.get(runtime).option_names
+    return {"threads": threads, **{key: value for key, value in options.items() if key in accepted}}
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:

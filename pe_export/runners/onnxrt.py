@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -51,19 +51,10 @@ def session_providers(providers: list[str], tf32: bool) -> list[str | tuple[str,
     return [(p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in providers]
 
 
-def runner_options(
-    runtime: str, *, threads: int | None, providers: tuple[str, ...], tf32: bool = False
-) -> dict[str, Any]:
-    """Keyword options for create_runner: providers and TF32 only mean something to onnxruntime."""
-    options: dict[str, Any] = {"threads": threads}
-    if runtime == OnnxRuntimeRunner.name:
-        options.update(providers=providers, tf32=tf32)
-    return options
-
-
 @register_runner("onnxruntime", (".onnx",))
 class OnnxRuntimeRunner(Runner):
     backend_module = "onnxruntime"
+    option_names: ClassVar[tuple[str, ...]] = ("providers", "tf32")
 
     def __init__(
         self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, tf32: bool = False, **kwargs: Any

@@ -50,7 +50,7 @@ def test_flex_ops_are_listed(exported: dict[str, Path]) -> None:
     summary = inspect_path(exported["flex"])
     assert summary.flex_ops == ["FlexCumprod"]
     verdicts = {v.runtime: v.runs for v in summary.runs_on}
-    assert verdicts == {"ai-edge-litert": False, "tflite-runtime": False, "tflite+flex": True}
+    assert verdicts == {"ai-edge-litert": False, "tflite-runtime": False, "tflite+flex": True, "litert-gpu": False}
 
 
 def test_onnx_summary(exported: dict[str, Path]) -> None:

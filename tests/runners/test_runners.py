@@ -9,14 +9,16 @@ from typing import ClassVar
 import pytest
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError
-from pe_export.runners import create_runner, runner_names, runners_for_file
-from pe_export.runners.onnxrt import TF32_ENV, runner_options
+from pe_export.runners import create_runner, runner_names, runner_options, runners_for_file
+from pe_export.runners.onnxrt import TF32_ENV
 
 
 def test_registry_lists_and_rejects() -> None:
-    assert runner_names() == ["litert", "tflite-runtime", "tflite-tf", "onnxruntime"]
-    assert runners_for_file(Path("m.tflite")) == ["litert", "tflite-runtime", "tflite-tf"]
-    with pytest.raises(BadInputError, match=r"expected one of: litert, tflite-runtime, tflite-tf, onnxruntime$"):
+    assert runner_names() == ["litert", "tflite-runtime", "tflite-tf", "litert-gpu", "onnxruntime"]
+    assert runners_for_file(Path("m.tflite")) == ["litert", "tflite-runtime", "tflite-tf", "litert-gpu"]
+    with pytest.raises(
+        BadInputError, match=r"expected one of: litert, tflite-runtime, tflite-tf, litert-gpu, onnxruntime$"
+    ):
         create_runner("tensorrt-native", Path("m.onnx"))
     with pytest.raises(BadInputError, match=r"runs \.onnx files"):
         create_runner("onnxruntime", Path("m.tflite"))
@@ -85,8 +87,12 @@ def test_tf32_variable_set_by_the_user_wins(
     assert os.environ[TF32_ENV] == "1" and gpu_onnxruntime == [["TensorrtExecutionProvider", "CPUExecutionProvider"]]
 
 
-def test_runner_options_give_providers_and_tf32_to_onnxruntime_only() -> None:
-    assert runner_options("litert", threads=2, providers=("cuda",), tf32=True) == {"threads": 2}
-    assert runner_options("onnxruntime", threads=None, providers=("cuda", "cpu"), tf32=True) == {
-        "threads": None, "providers": ("cuda", "cpu"), "tf32": True,
+def test_runner_options_give_each_runtime_only_its_own_options() -> None:
+    everything = {"providers": ("cuda",), "tf32": True, "gpu_precision": "fp32", "cpu_fallback": True}
+    assert runner_options("litert", threads=2, **everything) == {"threads": 2}
+    assert runner_options("onnxruntime", threads=None, **everything) == {
+        "threads": None, "providers": ("cuda",), "tf32": True,
+    }  # fmt: skip
+    assert runner_options("litert-gpu", threads=1, **everything) == {
+        "threads": 1, "gpu_precision": "fp32", "cpu_fallback": True,
     }  # fmt: skip
