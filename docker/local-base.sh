@@ -3,8 +3,8 @@
 # index but no container registry. The image has python3 + venv and the host's extra CA
 # certificates (pip inside a build needs them where egress goes through an inspecting proxy).
 # Usage (as root, with dockerd running):  docker/local-base.sh ARCH TAG
-#   ARCH  amd64 or arm64 (arm64 on an x86 host runs through qemu-user-static and binfmt_misc:
-#         a qemu >= 8 is registered with the F flag so that it works inside containers)
+#   ARCH  amd64 or arm64 (arm64 on an x86 host runs through qemu and binfmt_misc, set up by
+#         arm64-emulation.sh beside this script)
 #   TAG   the image name to give it, e.g. pe-export-base:bookworm-arm64
 # Then:   docker build --build-arg BASE=TAG -f docker/cpu.Dockerfile -t pe-export:cpu .
 # Archive addresses come from the host's own apt configuration; the host's apt state is untouched.
@@ -21,36 +21,8 @@ URI=$(grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | aw
 [ -n "$URI" ] || { echo "no Debian archive in this host's apt sources" >&2; exit 2; }
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 
-qemu_version() { local v; v=$("$1" --version 2>/dev/null | head -n1 | grep -oE '[0-9]+' | head -n1 || true); echo "${v:-0}"; }
-
 if [ "$ARCH" = arm64 ] && [ "$(dpkg --print-architecture)" != arm64 ]; then
-  BINFMT=/proc/sys/fs/binfmt_misc
-  [ -e "$BINFMT/register" ] || mount -t binfmt_misc binfmt_misc "$BINFMT"
-  QEMU=/var/lib/pe-export/qemu-aarch64-static
-  current=$(sed -n 's/^interpreter //p' "$BINFMT/qemu-aarch64" 2>/dev/null || true)
-  if [ ! -x "$QEMU" ] || [ "$(qemu_version "$QEMU")" -lt 8 ]; then
-    current=
-    # qemu 7.x passes the host's x86 /proc/cpuinfo through (onnxruntime crashes on import):
-    # take qemu-user from backports through a private apt tree.
-    A=$WORK/apt; mkdir -p "$A"/etc/apt/{sources.list.d,preferences.d,apt.conf.d} "$A"/var/lib/apt/lists/partial "$A"/var/lib/dpkg
-    touch "$A"/var/lib/dpkg/status
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $URI $SUITE-backports main" > "$A"/etc/apt/sources.list
-    printf 'Dir "%s/";\nDir::State::status "%s/var/lib/dpkg/status";\nDir::Etc::TrustedParts "/etc/apt/trusted.gpg.d/";\nDebug::NoLocking "true";\nAPT::Sandbox::User "root";\n' "$A" "$A" > "$A"/apt.conf
-    APT_CONFIG=$A/apt.conf apt-get -qq update
-    # From qemu 9, Debian's qemu-user binaries are static-pie and qemu-user-static only links to them.
-    (cd "$WORK" && APT_CONFIG=$A/apt.conf apt-get -qq download "qemu-user/$SUITE-backports")
-    mkdir -p "$(dirname "$QEMU")"
-    dpkg -x "$WORK"/qemu-user_*.deb "$WORK/qemu"
-    cp "$WORK/qemu/usr/bin/qemu-aarch64" "$QEMU.new"
-    chmod 755 "$QEMU.new"
-    [ "$(qemu_version "$QEMU.new")" -ge 8 ] || { echo "qemu-user-static from backports is older than 8" >&2; exit 1; }
-    mv "$QEMU.new" "$QEMU"
-  fi
-  if [ "$current" != "$QEMU" ]; then
-    [ -e "$BINFMT/qemu-aarch64" ] && echo -1 > "$BINFMT/qemu-aarch64"
-    # F: the kernel opens the interpreter now, so it runs inside chroots and containers too.
-    printf '%s' ":qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:$QEMU:F" > "$BINFMT/register"
-  fi
+  "$(dirname "$0")/arm64-emulation.sh"
 fi
 
 ROOT=$WORK/rootfs

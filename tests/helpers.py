@@ -180,3 +180,20 @@ def outlier_feeds(seed: int, width: int, batches: int = 4, rows: int = 12) -> li
         x[:, 3] *= 60.0
         result.append({"x": x})
     return result
+
+
+def software_vulkan_env() -> dict[str, str]:
+    """VK_ICD_FILENAMES and LD_LIBRARY_PATH of Mesa's lavapipe, unpacked once per setup.sh version
+    (targets/software-vulkan/setup.sh); skips the calling test where it cannot be had."""
+    setup = REPO / "targets" / "software-vulkan" / "setup.sh"
+    folder = VENV_CACHE / f"software-vulkan-{hashlib.sha256(setup.read_bytes()).hexdigest()[:12]}"
+    if not (folder / "env.sh").exists():
+        VENV_CACHE.mkdir(parents=True, exist_ok=True)
+        made = subprocess.run(["bash", str(setup), str(folder)], capture_output=True, text=True, check=False)
+        if made.returncode != 0:
+            pytest.skip(f"no software Vulkan here: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
+    env = {}
+    for line in (folder / "env.sh").read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = value.split("${")[0].rstrip(":")
+    return env

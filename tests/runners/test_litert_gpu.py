@@ -8,7 +8,6 @@ TensorFlow loaded, and a process with TensorFlow cannot create a lavapipe device
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,9 +19,8 @@ import pytest
 from pe_export.errors import ExitCode, RuntimeUnavailableError
 from pe_export.runners import create_runner, installed_runners
 from pe_export.runners.litert_gpu import gpu_log_summary
-from tests.helpers import REPO, VENV_CACHE
+from tests.helpers import software_vulkan_env
 
-SETUP = REPO / "targets" / "software-vulkan" / "setup.sh"
 SEQ_LEN = 32
 
 pytestmark = pytest.mark.slow  # exports and a Vulkan set-up: excluded from the quick run
@@ -30,18 +28,7 @@ pytestmark = pytest.mark.slow  # exports and a Vulkan set-up: excluded from the 
 
 @pytest.fixture(scope="module")
 def vulkan_env() -> dict[str, str]:
-    """VK_ICD_FILENAMES and LD_LIBRARY_PATH of a lavapipe unpacked once per setup.sh version."""
-    folder = VENV_CACHE / f"software-vulkan-{hashlib.sha256(SETUP.read_bytes()).hexdigest()[:12]}"
-    if not (folder / "env.sh").exists():
-        VENV_CACHE.mkdir(parents=True, exist_ok=True)
-        made = subprocess.run(["bash", str(SETUP), str(folder)], capture_output=True, text=True, check=False)
-        if made.returncode != 0:
-            pytest.skip(f"no software Vulkan here: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
-    env = {}
-    for line in (folder / "env.sh").read_text().splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        env[name] = value.split("${")[0].rstrip(":")
-    return env
+    return software_vulkan_env()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Make what a GPU machine without internet needs for targets/litert-gpu/check.sh, in one folder
+# (about 45 MB): the demo encoder exported at fixed shapes (fp32 and float16 .tflite) with its golden
+# bundle, wheels of pe-export, ai-edge-litert and their dependencies for the device's Python, and the
+# Vulkan loader (libvulkan1) for machines that lack one. Run it here, where TensorFlow is installed.
+#
+#   targets/litert-gpu/prepare.sh [OUT_DIR] [DEVICE_PYTHON_VERSION]     (defaults: .device/litert-gpu 3.12)
+#
+# Then, on the device, from the repository root:  targets/litert-gpu/on-device.sh OUT_DIR RESULTS_DIR
+set -euo pipefail
+out=$(realpath -m "${1:-.device/litert-gpu}")
+pyver=${2:-3.12}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+seq_len=32
+rm -rf "$out" && mkdir -p "$out/wheels" "$out/debs"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+python3 -c "from pe_export.reference import task; task.load_trained_model().export('$work/encoder', verbose=False)" \
+  > /dev/null 2>&1
+pe-export tflite "$work/encoder" --batch 1 --seq-len $seq_len -o "$out/encoder.fp32.tflite"
+pe-export tflite "$work/encoder" --batch 1 --seq-len $seq_len --quantize float16 -o "$out/encoder.float16.tflite"
+pe-export golden "$work/encoder" --batch 1 --seq-len $seq_len -o "$out/golden"
+python3 -m pip wheel -q --no-deps -w "$out/wheels" "$repo"
+python3 -m pip download -q --only-binary=:all: --python-version "$pyver" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 \
+  -d "$out/wheels" "ai-edge-litert>=2.3" numpy click  # 2.3: the first with CompiledModel on the GPU
+(cd "$out/debs" && apt-get download -o APT::Sandbox::User=root libvulkan1 > /dev/null)
+echo "prepared $out: $(du -sh "$out" | cut -f1)"
