@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from pe_export.converters.keep_float import JudgeFeeds
-from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers
+from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, rebuild_tables_at_load
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
 from pe_export.savedmodel import FrozenSignature
+from pe_export.tables.graph import RUN_TIME_ZERO
 from pe_export.tables.pipeline import PreparedGraph
 
 
@@ -81,8 +82,10 @@ def convert_onnx(
         notes.append(f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
                      "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
                      "memory after loading stay float32's")  # fmt: skip
-    if options.quantize != "none":
-        check_onnx_model(model, f"{options.quantize} model")
+    if prepared is not None and prepared.replacements:
+        rebuild_tables_at_load(model, RUN_TIME_ZERO)
+    if options.quantize != "none" or (prepared is not None and prepared.replacements):
+        check_onnx_model(model, f"{options.quantize} model" if options.quantize != "none" else "table rebuild")
     data = model.SerializeToString()
     check_onnxruntime_loads(data)
     return data, log.text, notes

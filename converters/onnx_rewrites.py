@@ -120,3 +120,35 @@ def drop_unread_initializers(graph: Any) -> None:
     if len(kept) != len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(kept)
+
+
+def rebuild_tables_at_load(model: Any, zero_node: str) -> int:
+    """Make each compressed table's rebuild depend on constants only, so that onnxruntime folds it once
+    when it creates the session (in memory; the file keeps the small stored arrays) instead of rebuilding
+    it on every call. ``zero_node`` is the node that computes the run-time zero (always 0) the rebuild
+    reads, there to stop tf2onnx and pe-export's own optimisation passes from folding the table back into
+    the file: this runs after them, as the export's last rewrite. Returns how many zeros were replaced.
+
+    A runtime that does not fold constants (optimisations off) still computes the same table each call.
+    """
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    producers = [node for node in graph.node if node.name == zero_node and len(node.output) == 1]
+    for node in producers:
+        graph.initializer.append(helper.make_tensor(node.output[0], TensorProto.INT32, [], [0]))
+    if not producers:
+        return 0
+    drop = {id(node) for node in producers}
+    kept = [node for node in graph.node if id(node) not in drop]
+    outputs = {value.name for value in graph.output}
+    while True:  # the zero's own inputs (a reduction over a graph input) are read by nothing else now
+        read = {name for node in kept for name in node.input} | outputs
+        live = [node for node in kept if any(name in read for name in node.output)]
+        if len(live) == len(kept):
+            break
+        kept = live
+    del graph.node[:]
+    graph.node.extend(kept)
+    drop_unread_initializers(graph)
+    return len(producers)

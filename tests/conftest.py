@@ -87,3 +87,15 @@ def exported_file(saved_model, tmp_path_factory: pytest.TempPathFactory) -> Call
         return made[key]
 
     return get
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from tests.docker_builds import start_if_collected
+
+    start_if_collected(session)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.docker_builds import stop
+
+    stop(session)

@@ -42,7 +42,8 @@ def test_dockerfile(path: Path) -> None:
     assert name and tag and tag != "latest" and re.search(r"\d", tag), f"unpinned base image {base}"
     users = [rest for keyword, rest in steps if keyword == "USER"]
     assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
-    assert steps.index(("USER", users[-1])) > max(i for i, (k, _) in enumerate(steps) if k == "RUN")
+    last_user = max(i for i, step in enumerate(steps) if step == ("USER", users[-1]))
+    assert last_user > max(i for i, (k, _) in enumerate(steps) if k == "RUN")
     runs = " ".join(rest for keyword, rest in steps if keyword == "RUN")
     assert "/opt/pe-export/docker/install-device.sh" in runs and "tensorflow" not in runs.lower()
     entry = next(rest for keyword, rest in steps if keyword == "ENTRYPOINT")

@@ -5,92 +5,44 @@ No registry is reachable from where pe-export is developed, so each image is bui
 CPU image is built for x86_64 and for aarch64 (through qemu and binfmt_misc); the CUDA and Jetson images,
 whose NVIDIA bases cannot be pulled, have their `python-layer` stage built on the same stand-in. In each,
 `pe-export parity` runs inside the container on a bundle mounted read-only, and the exit code must come
-through `docker run` unchanged (0 pass, 1 parity failure, 2 bad input).
-
-Needs root (dockerd, debootstrap, binfmt_misc); Debian's docker.io and debootstrap are installed with
-apt-get when missing. A dockerd started here is stopped by its pid at the end. Bases are kept between
-runs (tagged by the script's hash); the images are rebuilt from the checkout every run.
+through `docker run` unchanged (0 pass, 1 parity failure, 2 bad input). The builds run in the background
+from the start of the session (tests/docker_builds.py, started by conftest.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import signal
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pe_export.errors import ExitCode
-from tests.helpers import REPO
+from tests.docker_builds import BUILDS_KEY, IMAGES, ImageBuilds
 
 pytestmark = pytest.mark.slow  # minutes (an arm64 build runs under emulation): excluded from the quick run
 
-DOCKER = REPO / "docker"
-BASE_SCRIPT = DOCKER / "local-base.sh"
-BASE_KEY = hashlib.sha256(BASE_SCRIPT.read_bytes()).hexdigest()[:12]
 PLATFORMS = {"amd64": "linux/amd64", "arm64": "linux/arm64"}
 
 
-def _run(*args: str | Path, timeout: int = 1200, check: bool = False) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))}: {done.stdout[-1500:]}{done.stderr[-2500:]}")
-    return done
-
-
-def _engine_answers() -> bool:
-    return shutil.which("docker") is not None and _run("docker", "info", timeout=30).returncode == 0
+def _run(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="session")
-def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A running dockerd: the one already there, else one started here (and stopped by its pid after)."""
-    if os.geteuid() != 0:
-        pytest.skip("building images needs root (dockerd, debootstrap, binfmt_misc)")
-    needed = (("dockerd", "docker.io"), ("debootstrap", "debootstrap"))
-    missing = [package for tool, package in needed if not shutil.which(tool)]
-    if missing:
-        installed = _run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600)
-        if installed.returncode != 0:
-            pytest.skip(f"cannot install {', '.join(missing)}: {(installed.stderr.strip().splitlines() or ['?'])[-1]}")
-    if _engine_answers():
-        yield
-        return
-    folder = tmp_path_factory.mktemp("dockerd")
-    pidfile = folder / "dockerd.pid"
-    with open(folder / "dockerd.log", "wb") as log:
-        daemon = subprocess.Popen(["dockerd", "--pidfile", str(pidfile)], stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while not _engine_answers():
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            daemon.kill()
-            pytest.skip(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-300:]}")
-        time.sleep(1)
-    try:
-        yield
-    finally:
-        os.kill(int(pidfile.read_text()), signal.SIGTERM)
-        daemon.wait(timeout=60)
+def images(request: pytest.FixtureRequest) -> ImageBuilds:
+    builds = request.config.stash.get(BUILDS_KEY, None)
+    if builds is None:  # collected under another node id: build now (conftest's session end stops dockerd)
+        builds = request.config.stash[BUILDS_KEY] = ImageBuilds()
+    builds.wait()
+    if builds.unavailable:
+        pytest.skip(builds.unavailable)
+    return builds
 
 
-@pytest.fixture(scope="session")
-def base_image(docker_engine: None) -> dict[str, str]:
-    """arch → a local Debian base with python3-venv and this host's CA certificates (made once, kept)."""
-    made = {}
-    for arch in PLATFORMS:
-        tag = f"pe-export-base:bookworm-{arch}-{BASE_KEY}"
-        if _run("docker", "image", "inspect", tag, timeout=60).returncode != 0:
-            built = _run("bash", BASE_SCRIPT, arch, tag, timeout=1200)
-            if built.returncode != 0:
-                pytest.skip(f"cannot make a {arch} base here: {(built.stderr.strip().splitlines() or ['?'])[-1]}")
-        made[arch] = tag
-    _run("bash", DOCKER / "arm64-emulation.sh", check=True)  # after a reboot the registration is gone
-    return made
+def built(images: ImageBuilds, tag: str) -> str:
+    error = images.outcomes.get(tag, "not built")
+    assert error is None, f"docker build of {tag} ({IMAGES[tag][0]}) failed: {error}"
+    return tag
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +65,6 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.chmod(0o755 if path.is_dir() else 0o644)
     root.chmod(0o755)
     return root
-
-
-def build(dockerfile: str, base: str, tag: str, *extra: str) -> None:
-    _run("docker", "build", "-q", "--build-arg", f"BASE={base}", "-f", DOCKER / dockerfile, "-t", tag, *extra, REPO,
-         check=True)  # fmt: skip
 
 
 def run_in(image: str, arch: str, mounted: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -144,22 +91,19 @@ def check_parity_inside(image: str, arch: str, mounted: Path) -> None:
     assert wrong.returncode == ExitCode.BAD_INPUT and "wrong bundle for this model" in wrong.stderr
 
 
-def test_cpu_image_on_x86_64(base_image: dict[str, str], bundle: Path) -> None:
-    build("cpu.Dockerfile", base_image["amd64"], "pe-export-test:cpu-amd64")
-    check_parity_inside("pe-export-test:cpu-amd64", "amd64", bundle)
+def test_cpu_image_on_x86_64(images: ImageBuilds, bundle: Path) -> None:
+    check_parity_inside(built(images, "pe-export-test:cpu-amd64"), "amd64", bundle)
 
 
-def test_cpu_image_on_arm64(base_image: dict[str, str], bundle: Path) -> None:
-    build("cpu.Dockerfile", base_image["arm64"], "pe-export-test:cpu-arm64")
-    check_parity_inside("pe-export-test:cpu-arm64", "arm64", bundle)
+def test_cpu_image_on_arm64(images: ImageBuilds, bundle: Path) -> None:
+    check_parity_inside(built(images, "pe-export-test:cpu-arm64"), "arm64", bundle)
 
 
-@pytest.mark.parametrize("dockerfile", ["cuda.Dockerfile", "jetson.Dockerfile"])
-def test_gpu_images_python_layer_on_a_stand_in_base(base_image: dict[str, str], bundle: Path, dockerfile: str) -> None:
+@pytest.mark.parametrize("image", ["cuda", "jetson"])
+def test_gpu_images_python_layer_on_a_stand_in_base(images: ImageBuilds, bundle: Path, image: str) -> None:
     # NVIDIA's bases cannot be pulled here: their Python layer (the same in both files) is built on the
     # local Debian base and must run parity on the CPU provider. The GPU stage is not built.
-    tag = f"pe-export-test:{dockerfile.split('.')[0]}-python-layer"
-    build(dockerfile, base_image["amd64"], tag, "--target", "python-layer")
+    tag = built(images, f"pe-export-test:{image}-python-layer")
     done = run_in(tag, "amd64", bundle, "parity", "/work/fp32.onnx", "/work/golden", "--providers", "cpu")
     assert done.returncode == ExitCode.OK, done.stderr
     assert "on onnxruntime[cpu]" in done.stdout

@@ -13,6 +13,7 @@ from pe_export.tables.methods import Compressed
 from pe_export.tables.sinusoid import fit_sinusoid
 
 SEED_SCOPE = "pe_export_tables"
+RUN_TIME_ZERO = f"{SEED_SCOPE}/run_time_zero"  # the node computing the tables' run-time zero
 RELATIVE_SCOPE = "pe_export_relative"  # a second scope: both may sit in one graph
 
 
@@ -216,7 +217,7 @@ def _run_time_zero(tf: Any, seed: tuple[str, str, tuple[int | None, ...]], scope
     placeholder = tf.compat.v1.placeholder(tf.as_dtype(dtype), shape=shape, name=name)
     with tf.name_scope(scope):
         magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
-        zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name="run_time_zero")
+        zero = tf.cast(tf.reduce_max(magnitude, axis=0) < 0.0, tf.int32, name=RUN_TIME_ZERO.rsplit("/", 1)[1])
     return placeholder, zero
 
 

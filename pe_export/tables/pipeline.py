@@ -210,12 +210,17 @@ class PreparedGraph:
         return min(lengths) if lengths else None
 
     def graph_def(self, target: str) -> Any:
-        """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time."""
+        """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time.
+
+        ONNX rebuilds every row: after conversion the rebuild is made constant-only, for onnxruntime to fold
+        once at load (converters/onnx_rewrites.py rebuild_tables_at_load); rows cut to the sequence length
+        would keep it per call."""
         from pe_export.tables.graph import splice_rebuild
 
         if not self.replacements:
             return self.folded
-        return splice_rebuild(self.folded, self.replacements, self.seed, target, self.prefix_only)
+        prefix_only = self.prefix_only if target == "tflite" else set()
+        return splice_rebuild(self.folded, self.replacements, self.seed, target, prefix_only)
 
 
 def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:

@@ -195,3 +195,37 @@ def test_relative_gathers_are_not_folded_at_a_fixed_length(variant: str, variant
               f"{largest.shape}, parity {report.parity.max_abs:.2g}")  # fmt: skip
         assert report.exit_code == ExitCode.OK and report.parity.max_abs <= 1e-4
         assert all(c.nbytes < 64 * 64 * 4 for c in floats), largest
+
+
+@pytest.mark.parametrize("seq_len", [512, None])
+def test_onnx_rebuild_is_folded_once_at_session_creation(seq_len: int | None, variant_model, tmp_path: Path) -> None:
+    """The compressed ONNX file stores the small arrays; onnxruntime's default (basic) optimisation turns the
+    rebuild into one constant table when it creates the session, so no call pays for it. With optimisations
+    off the same ops run every call and give the same values."""
+    import onnx
+    import onnxruntime as ort
+
+    from pe_export.tables.graph import RUN_TIME_ZERO
+
+    model = variant_model("sinusoid_constant", seq_len, length=512, width=512)
+    small = export_onnx(model, tmp_path / "small.onnx", ExportOptions(tables=TableOptions(compress=64)))
+    assert small.parity.max_abs <= 1e-4 and small.tables[0].method == "angle"
+    stored = onnx.load(str(tmp_path / "small.onnx")).graph
+    assert not any(node.name == RUN_TIME_ZERO for node in stored.node)  # nothing reads the input for the table
+    assert max(int(np.prod(init.dims)) for init in stored.initializer) < 512 * 512  # no whole table stored
+    rebuild_ops = sum(node.name.startswith("pe_export_tables/") for node in stored.node)
+    assert rebuild_ops >= 10
+
+    feed = {"token_ids": np.random.default_rng(1).integers(1, 64, (1, seq_len or 200)).astype(np.int32)}
+    outputs = {}
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.optimized_model_filepath = str(tmp_path / f"optimized-{int(level)}.onnx")
+        session = ort.InferenceSession(str(tmp_path / "small.onnx"), options, providers=["CPUExecutionProvider"])
+        outputs[level] = session.run(None, feed)[0]
+    np.testing.assert_allclose(outputs[ort.GraphOptimizationLevel.ORT_DISABLE_ALL],
+                               outputs[ort.GraphOptimizationLevel.ORT_ENABLE_BASIC], atol=1e-5)  # fmt: skip
+    folded = onnx.load(str(tmp_path / f"optimized-{int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)}.onnx")).graph
+    assert not any(node.name.startswith("pe_export_tables/") for node in folded.node)
+    assert any(int(np.prod(init.dims)) >= 512 * 512 for init in folded.initializer)  # the whole table, in memory

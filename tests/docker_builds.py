@@ -1,0 +1,150 @@
+"""The device images of tests/test_docker_images.py, built in a background thread that conftest.py starts when
+those tests are collected: the engine, the bases (debootstrap, minutes under emulation for arm64) and the
+images are mostly downloads and emulated work, so they overlap the rest of the suite instead of adding to it.
+
+Needs root (dockerd, debootstrap, binfmt_misc); Debian's docker.io and debootstrap are installed with apt-get
+when missing. A dockerd started here is stopped by its pid when the session ends. Bases are kept between
+runs (tagged by local-base.sh's hash); the images are rebuilt from the checkout every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+BASE_SCRIPT = DOCKER / "local-base.sh"
+ARCHES = ("amd64", "arm64")
+# tag → (Dockerfile, base arch, extra build arguments)
+IMAGES = {
+    "pe-export-test:cpu-amd64": ("cpu.Dockerfile", "amd64", ()),
+    "pe-export-test:cpu-arm64": ("cpu.Dockerfile", "arm64", ()),
+    "pe-export-test:cuda-python-layer": ("cuda.Dockerfile", "amd64", ("--target", "python-layer")),
+    "pe-export-test:jetson-python-layer": ("jetson.Dockerfile", "amd64", ("--target", "python-layer")),
+}
+
+
+class Unavailable(Exception):
+    """This machine cannot build images (not root, no engine, no archive): the tests skip with the reason."""
+
+
+def run(*args: str | Path, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def last_line(done: subprocess.CompletedProcess[str]) -> str:
+    return (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
+
+
+def engine_answers() -> bool:
+    return shutil.which("docker") is not None and run("docker", "info", timeout=30).returncode == 0
+
+
+@dataclass
+class ImageBuilds:
+    """Each image's build outcome: None (built) or the error text; ``unavailable`` skips them all."""
+
+    outcomes: dict[str, str | None] = field(default_factory=dict)
+    unavailable: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    _daemon: subprocess.Popen[bytes] | None = None
+    _pidfile: Path | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._build_all, name="docker-builds", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> ImageBuilds:
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        self._thread.join()
+        return self
+
+    def stop(self) -> None:
+        """Stop the dockerd this session started, by its pid."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._daemon is not None and self._pidfile is not None and self._pidfile.exists():
+            os.kill(int(self._pidfile.read_text()), signal.SIGTERM)
+            self._daemon.wait(timeout=60)
+
+    def _build_all(self) -> None:
+        try:
+            self._engine()
+            bases = {arch: self._base(arch) for arch in ARCHES}
+            done = run("bash", DOCKER / "arm64-emulation.sh")  # after a reboot the registration is gone
+            if done.returncode != 0:
+                raise Unavailable(f"no arm64 emulation: {last_line(done)}")
+            for tag, (dockerfile, arch, extra) in IMAGES.items():
+                started = time.perf_counter()
+                built = run("docker", "build", "-q", "--build-arg", f"BASE={bases[arch]}", "-f", DOCKER / dockerfile,
+                            "-t", tag, *extra, REPO)  # fmt: skip
+                self.seconds[tag] = time.perf_counter() - started
+                self.outcomes[tag] = None if built.returncode == 0 else built.stdout[-1500:] + built.stderr[-2500:]
+        except Unavailable as why:
+            self.unavailable = str(why)
+        except Exception as err:  # surfaced by the tests, which wait for this thread
+            self.outcomes = {tag: f"{type(err).__name__}: {err}" for tag in IMAGES}
+
+    def _engine(self) -> None:
+        if os.geteuid() != 0:
+            raise Unavailable("building images needs root (dockerd, debootstrap, binfmt_misc)")
+        needed = (("dockerd", "docker.io"), ("debootstrap", "debootstrap"))
+        missing = [package for tool, package in needed if not shutil.which(tool)]
+        if missing:
+            installed = run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600)
+            if installed.returncode != 0:
+                raise Unavailable(f"cannot install {', '.join(missing)}: {last_line(installed)}")
+        if engine_answers():
+            return
+        folder = Path(tempfile.mkdtemp(prefix="pe-export-dockerd-"))
+        self._pidfile = folder / "dockerd.pid"
+        with open(folder / "dockerd.log", "wb") as log:
+            self._daemon = subprocess.Popen(["dockerd", "--pidfile", str(self._pidfile)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not engine_answers():
+            if self._daemon.poll() is not None or time.monotonic() > deadline:
+                self._daemon.kill()
+                self._daemon = None
+                raise Unavailable(f"dockerd did not start: {(folder / 'dockerd.log').read_text()[-300:]}")
+            time.sleep(1)
+
+    def _base(self, arch: str) -> str:
+        tag = f"pe-export-base:bookworm-{arch}-{hashlib.sha256(BASE_SCRIPT.read_bytes()).hexdigest()[:12]}"
+        if run("docker", "image", "inspect", tag, timeout=60).returncode != 0:
+            started = time.perf_counter()
+            built = run("bash", BASE_SCRIPT, arch, tag)
+            self.seconds[tag] = time.perf_counter() - started
+            if built.returncode != 0:
+                raise Unavailable(f"cannot make a {arch} base here: {last_line(built)}")
+        return tag
+
+
+BUILDS_KEY = pytest.StashKey[ImageBuilds]()
+
+
+def start_if_collected(session: pytest.Session) -> None:
+    """conftest.py's collection hook: start the builds when tests/test_docker_images.py has selected tests."""
+    if any(item.nodeid.startswith("tests/test_docker_images.py") for item in session.items):
+        builds = ImageBuilds()
+        session.config.stash[BUILDS_KEY] = builds
+        builds.start()
+
+
+def stop(session: pytest.Session) -> None:
+    builds = session.config.stash.get(BUILDS_KEY, None)
+    if builds is not None:
+        builds.stop()
