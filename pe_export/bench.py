@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.constants import BENCH_BATCH, BENCH_RUNS, BENCH_SEQ_LEN, BENCH_WARMUP
 from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.inputs import generate_inputs
 from pe_export.runners import create_runner, first_installed_runner, runner_options
-from pe_export.runners.litert_gpu import DEFAULT_GPU_PRECISION, check_gpu_precision
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
+from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision
 
-DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = 100, 10, 1, 128
+DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN
 BENCH_SCHEMA_VERSION = 1
 BENCH_SCHEMA = {
     "schema": "pe-export-bench, integer version",

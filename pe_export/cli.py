@@ -12,14 +12,19 @@ from typing import Any
 import click
 
 from pe_export import __version__
-from pe_export.bench import DEFAULT_BATCH, DEFAULT_RUNS, DEFAULT_SEQ_LEN, DEFAULT_WARMUP
 from pe_export.constants import (
+    BENCH_BATCH,
+    BENCH_RUNS,
+    BENCH_SEQ_LEN,
+    BENCH_WARMUP,
     DEFAULT_ONNX_OPSET,
+    DEFAULT_TIMEOUT_S,
     GOLDEN_BATCH,
     GOLDEN_SAMPLES,
     GOLDEN_SEQ_LEN,
     MAX_CHECKED_POSITIONS,
     ONNX_QUANTIZE_MODES,
+    TABLE_DTYPES,
     TFLITE_QUANTIZE_MODES,
 )
 from pe_export.errors import (
@@ -32,11 +37,7 @@ from pe_export.errors import (
 )
 from pe_export.interrupts import Terminated, interruptible
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
-from pe_export.runners.isolated import DEFAULT_TIMEOUT_S
-from pe_export.runners.litert_gpu import DEFAULT_GPU_PRECISION, GPU_PRECISIONS
-from pe_export.runners.onnxrt import DEFAULT_PROVIDERS
-from pe_export.tables.pipeline import COMPRESS_METHODS, TABLE_DTYPES, TableOptions
-from pe_export.text_inputs import TextInputs
+from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, GPU_PRECISIONS
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 VERBOSE_FLAGS = ("--verbose", "-v")
@@ -49,6 +50,20 @@ VERBOSE_FLAGS = ("--verbose", "-v")
 def cli(ctx: click.Context, verbose: bool) -> None:
     """Export Transformer encoders (TF SavedModel) to TFLite and ONNX, and prove parity."""
     ctx.obj = {"verbose": verbose}
+
+
+class _CompressMethods(click.Choice):
+    """--compress-method's choices, read from the method registry when first needed: importing the registry
+    loads numpy, which `pe-export parity` (this same CLI) must not pay for."""
+
+    def __init__(self) -> None:
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> Sequence[str]:  # type: ignore[override]
+        from pe_export.tables.pipeline import COMPRESS_METHODS
+
+        return list(COMPRESS_METHODS)
 
 
 def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -77,7 +92,7 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--keep-failed", is_flag=True,
                          help="Keep a file that fails verification, as NAME.FAILED.ext (default: nothing is written)."),
             click.option("--compress", type=int, default=None, help="Store at most K values per position in tables."),
-            click.option("--compress-method", type=click.Choice(list(COMPRESS_METHODS)), default="auto",
+            click.option("--compress-method", type=_CompressMethods(), default="auto",
                          show_default=True, help="angle: exact for sinusoids; svd: lossy; interp: the seed's recipe."),
             click.option("--table-dtype", type=click.Choice(list(TABLE_DTYPES)), default="float32", show_default=True,
                          help="Storage precision of position tables (computed in float64 first)."),
@@ -95,6 +110,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
 
 def _export_options(**values: Any) -> Any:
     from pe_export.converters.options import ExportOptions
+    from pe_export.tables.pipeline import TableOptions
+    from pe_export.text_inputs import TextInputs
 
     return ExportOptions(
         signature=values["signature"],
@@ -253,6 +270,7 @@ def inspect(path: Path, signature: str | None) -> int:
 def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path | None, **values: Any) -> int:
     """Write a golden bundle: representative inputs and SAVED_MODEL's float32 outputs."""
     from pe_export.golden import GoldenOptions, make_golden
+    from pe_export.text_inputs import TextInputs
 
     sentences = None if text is None else TextInputs(text, tokenizer)
     result = make_golden(saved_model, output, GoldenOptions(**values, text=sentences))
@@ -353,12 +371,12 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 @click.option("--providers", default=None, help="onnxruntime providers in order, e.g. tensorrt,cuda,cpu.")
 @click.option("--target", default=None, help="Apply a device profile's runtime, providers and settings.")
 @click.option("--threads", type=int, default=None, help="Runtime threads (default: the runtime's).")
-@click.option("--batch", type=int, default=None, help=f"Batch for dynamic axes (default {DEFAULT_BATCH}).")
+@click.option("--batch", type=int, default=None, help=f"Batch for dynamic axes (default {BENCH_BATCH}).")
 @click.option(
-    "--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {DEFAULT_SEQ_LEN})."
+    "--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {BENCH_SEQ_LEN})."
 )
-@click.option("--runs", type=int, default=None, help=f"Timed runs (default {DEFAULT_RUNS}).")
-@click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {DEFAULT_WARMUP}).")
+@click.option("--runs", type=int, default=None, help=f"Timed runs (default {BENCH_RUNS}).")
+@click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {BENCH_WARMUP}).")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
 @_gpu_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")

@@ -28,6 +28,13 @@ VERIFY_SEED = 0
 # Samples fed to the TFLite converter for full-integer calibration.
 CALIBRATION_SAMPLES = 32
 
+# `pe-export bench` defaults.
+BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128
+# Seconds a parity check's runtime may take for one call (loading included) before it is called hung.
+DEFAULT_TIMEOUT_S = 120.0
+
+TABLE_DTYPES = ("float32", "float16")  # storage precisions of position tables
+
 MAX_SEQ_LEN = 1 << 20  # a sequence-length option beyond this is a typo, not a model
 MAX_BATCH = 1 << 16
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pe_export.inspection.summary import ModelSummary
-from pe_export.parity.check import ParityResult
-from pe_export.parity.harness import ParityReport
+if TYPE_CHECKING:  # types only: formatting a parity report must not load numpy (parity/supervisor.py)
+    from pe_export.inspection.summary import ModelSummary
+    from pe_export.parity.check import ParityResult
+    from pe_export.parity.result import ParityReport
 
 TOP_OPS_SHOWN = 12
 

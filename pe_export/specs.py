@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -17,6 +15,8 @@ class TensorSpec:
 
     @property
     def is_integer(self) -> bool:
+        import numpy as np  # here, not at import: the supervising parity process never loads numpy
+
         return np.issubdtype(np.dtype(self.dtype), np.integer)
 
     def describe(self) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
-from pe_export.runners.isolated import CHILD_PYTHON_ENV
+from pe_export.parity.supervisor import CHILD_PYTHON_ENV
 from tests.helpers import REPO, VENV_CACHE
 
 pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")

@@ -7,47 +7,14 @@ downstream reads what an encoder computes there.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import numpy as np
 
+from pe_export.parity.result import OutputMetrics
 from pe_export.parity.tolerances import Tolerance
 
 _TINY = 1e-12
 # Outputs whose last axis is a class or vocabulary axis, recognised by name.
 CLASS_AXIS_WORDS = ("logit", "prob", "score", "class")
-
-
-@dataclass(frozen=True)
-class OutputMetrics:
-    name: str
-    shape: tuple[int, ...]
-    max_abs: float
-    mean_abs: float
-    max_rel: float
-    cosine: float
-    nan_count: int
-    inf_count: int
-    worst_index: tuple[int, ...]
-    within_tolerance: bool
-    compared: int = 0  # elements compared (padding excluded)
-    violations: int = 0  # elements over atol + rtol·|expected|
-    argmax_agreement: float | None = None
-    position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
-    task_accuracy: float | None = None  # arg-max against the bundle's labels (where it has them)
-    reference_accuracy: float | None = None  # the float32 reference's own, on the same labels
-    # Task level for hidden states [batch, seq, d] with real padding: the worst row's cosine of the
-    # mean over its valid positions (a sentence embedding, as mean-pooling encoders use them).
-    pooled_cosine: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def cosines(self) -> str:
-        """The cosines the tolerance judges, for a failure message."""
-        pooled = "" if self.pooled_cosine is None else f", worst row's mean-pooled cosine {self.pooled_cosine:.6f}"
-        return f"cosine {self.cosine:.6f}{pooled}"
 
 
 def has_class_axis(name: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pe_export.errors import BadInputError, missing_extra
 from pe_export.fileio import check_output_path, publish, staged_file
-from pe_export.parity.harness import ParityReport
+from pe_export.parity.result import ParityReport
 
 
 def check_plot_output(path: Path, *, overwrite: bool) -> None:

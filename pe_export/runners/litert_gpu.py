@@ -22,10 +22,9 @@ import numpy as np
 from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.native import capture_native_output
 from pe_export.runners.base import Runner, register_runner
+from pe_export.runtime_options import DEFAULT_GPU_PRECISION, check_gpu_precision
 from pe_export.specs import TensorSpec
 
-GPU_PRECISIONS = ("fp16", "fp32")
-DEFAULT_GPU_PRECISION = "fp16"  # what LiteRT's GPU accelerator does when not told otherwise
 SOFTWARE_VULKAN_HINT = "targets/software-vulkan/setup.sh gives a machine without a GPU a software one"
 
 _UNSUPPORTED = re.compile(r"^([A-Z][A-Z0-9_]+):\s*(.*)$")
@@ -33,12 +32,6 @@ _LOG_LEVELS = {"INFO", "WARNING", "ERROR", "VERBOSE", "DEBUG"}
 _PARTITION = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
 _ADAPTER = re.compile(r"Selected adapter: ([^,(]+)")
 _NO_ADAPTER_MARKERS = ("No adapters found", "Failed to initialize WebGPU environment", "Couldn't load Vulkan")
-
-
-def check_gpu_precision(precision: str) -> str:
-    if precision not in GPU_PRECISIONS:
-        raise BadInputError(f"--gpu-precision {precision!r} is not one of: {', '.join(GPU_PRECISIONS)}")
-    return precision
 
 
 def gpu_log_summary(log: str) -> dict[str, Any]:

@@ -9,14 +9,9 @@ import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.runners.base import Runner, register_runner
+from pe_export.runtime_options import DEFAULT_PROVIDERS, PROVIDER_ALIASES, resolve_providers
 from pe_export.specs import TensorSpec
 
-PROVIDER_ALIASES = {
-    "tensorrt": "TensorrtExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "cpu": "CPUExecutionProvider",
-}
-DEFAULT_PROVIDERS = ("cpu",)
 # From Ampere on (Orin included) CUDA runs float32 matmuls in TF32 by default, rounding their
 # inputs to 10 mantissa bits (~1e-3 relative): a float32 file no longer computes float32. Parity
 # and bench keep it off unless asked (like Polygraphy's --tf32): CUDA through its provider
@@ -33,17 +28,6 @@ _ORT_TYPES = {
     "tensor(uint8)": "uint8",
     "tensor(bool)": "bool",
 }
-
-
-def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
-    """Short names (tensorrt, cuda, cpu) to onnxruntime provider names, checked for typos."""
-    resolved = []
-    for name in names:
-        key = name.strip().lower()
-        if key not in PROVIDER_ALIASES:
-            raise BadInputError(f"unknown provider {name!r}; expected one of: {', '.join(PROVIDER_ALIASES)}")
-        resolved.append(PROVIDER_ALIASES[key])
-    return resolved
 
 
 def session_providers(providers: list[str], tf32: bool) -> list[str | tuple[str, dict[str, str]]]:

@@ -8,13 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_SEQ_LEN
+from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_SEQ_LEN, TABLE_DTYPES
 from pe_export.errors import BadInputError
 from pe_export.tables.detect import TableInfo, const_value, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
 
-TABLE_DTYPES = ("float32", "float16")
 POSITIONLESS_KINDS = ("relative",)  # table kinds indexed by distance, not by absolute position
 COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +14,9 @@ import pytest
 from pe_export.errors import ExitCode, RuntimeUnavailableError
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
-from pe_export.parity.harness import ParityAssertionError, assert_parity
+from pe_export.parity.harness import ParityAssertionError, ParityOptions, assert_parity, check_parity
+from pe_export.parity.supervisor import CHILD_PYTHON_ENV
 from pe_export.reference.encoder import MAX_LEN
-from pe_export.runners.isolated import IsolatedRunner
 from tests.helpers import assert_one_line_error, run_cli
 
 MODEL = "encoder_multi_io"
@@ -206,18 +206,33 @@ def test_missing_provider_is_exit_3_not_a_cpu_fallback(capfd, files) -> None:
     assert_one_line_error(result, ExitCode.RUNTIME_UNAVAILABLE, "CUDAExecutionProvider not available")
 
 
-def test_child_crash_and_hang_are_reported(files) -> None:
-    runner = IsolatedRunner("litert", files["tflite"])
-    runner.activate()
-    os.kill(runner._process.pid, signal.SIGKILL)
-    with pytest.raises(RuntimeUnavailableError, match=r"litert crashed \(signal SIGKILL\)"):
-        runner.infer({"token_ids": np.ones((1, 4), np.int32)})
-    runner.deactivate()
+def test_child_crash_and_hang_are_reported(files, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A child that dies mid-check (a runtime's segfault, here SIGKILL from a launcher) and one that never
+    # answers: exit 3 in one line each, and the supervising process survives both.
+    killer = tmp_path / "python-that-dies"
+    killer.write_text(f"#!/bin/sh\n{sys.executable} \"$@\" &\nchild=$!\nsleep 0.1\nkill -9 $child\nwait $child\n")
+    killer.chmod(0o755)
+    monkeypatch.setenv(CHILD_PYTHON_ENV, str(killer))
+    slow_start = ParityOptions(timeout_s=60.0)
+    with pytest.raises(RuntimeUnavailableError, match=r"the runtime crashed \((signal SIGKILL|exit status 137)\)"):
+        check_parity(files["tflite"], files["bundle"], slow_start)
+    monkeypatch.delenv(CHILD_PYTHON_ENV)
+    with pytest.raises(RuntimeUnavailableError, match=r"did not answer within 0\.001 s while loading"):
+        check_parity(files["onnx"], files["bundle"], ParityOptions(timeout_s=0.001))
 
-    slow = IsolatedRunner("onnxruntime", files["onnx"], timeout_s=0.001, providers=("cpu",))
-    with pytest.raises(RuntimeUnavailableError, match="did not answer within"):
-        slow.activate()
-    slow.deactivate()
+
+def test_the_supervising_process_loads_neither_numpy_nor_a_runtime(files) -> None:
+    probe = (
+        "import sys\nfrom pe_export.cli import main\n"
+        "try:\n    main(['parity', sys.argv[1], sys.argv[2]])\n"
+        "except SystemExit as done:\n"
+        "    heavy = ('numpy', 'onnx', 'onnxruntime', 'ai_edge_litert', 'tensorflow')\n"
+        "    print('exit', done.code, 'loaded', [m for m in heavy if m in sys.modules])"
+    )
+    for model in (files["onnx"], files["tflite"]):
+        done = subprocess.run([sys.executable, "-c", probe, str(model), str(files["bundle"])], capture_output=True,
+                              text=True, check=False, timeout=300)  # fmt: skip
+        assert done.stdout.strip().splitlines()[-1] == "exit 0 loaded []", done.stdout + done.stderr
 
 
 def test_golden_refuses_existing_bundle_and_bad_values(capfd, files, saved_model, tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""A parity check in this process: bundle, runner and metrics (pe_export/parity/harness.py's check_parity
+runs it here with ``isolate=False``, and in a child process through pe_export/parity/supervisor.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pe_export.errors import BadInputError, ParityError, RuntimeUnavailableError
+from pe_export.inspection import inspect_path
+from pe_export.inspection.onnx_metadata import onnx_metadata
+from pe_export.interrupts import raise_if_interrupted
+from pe_export.parity.bundle import Bundle, load_bundle
+from pe_export.parity.metrics import OutputAccumulator
+from pe_export.parity.result import ParityOptions, ParityReport
+from pe_export.parity.tolerances import Tolerance, tolerance_for
+from pe_export.provenance import PRECISION, SOURCE_DIGEST
+from pe_export.runners import create_runner, first_installed_runner, runner_options, runners_for_file
+from pe_export.runners.base import RUNNERS, Runner
+from pe_export.specs import TensorSpec
+
+
+def run_check(
+    model: Path, bundle_path: Path, options: ParityOptions, progress: Callable[[], None] | None = None
+) -> ParityReport:
+    """The check in this process (``options`` already validated). ``progress`` is called once the runtime
+    has loaded the model and after every batch."""
+    model, started = Path(model), time.perf_counter()
+    bundle = load_bundle(bundle_path)
+    stamps = _stamps(model)
+    digest = _check_digest(stamps.get(SOURCE_DIGEST), bundle, options.ignore_digest, model)
+    runtime = options.runtime or first_installed_runner(model)
+    if runtime is None:
+        raise RuntimeUnavailableError(
+            f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
+        )
+    extra = _runner_options(runtime, options)
+    arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
+    precision = options.precision or _judged_precision(stamps.get(PRECISION) or "fp32", arithmetic)
+    tolerances = _tolerances(bundle, precision, options)
+    runner = create_runner(runtime, model, **extra)
+    accumulators = {spec.name: OutputAccumulator(spec.name, tolerances[spec.name]) for spec in bundle.outputs}
+    first_result_s = 0.0
+    try:
+        runner.activate()
+        load_s = time.perf_counter() - started
+        if progress:
+            progress()
+        _check_interface(runner, bundle, model)
+        for batch in bundle.batches():
+            raise_if_interrupted()
+            produced = runner.infer(batch.inputs)
+            for name, accumulator in accumulators.items():
+                if produced[name].shape != batch.outputs[name].shape:
+                    raise ParityError(
+                        f"{model.name}: output {name!r} has shape {produced[name].shape}, the bundle's reference "
+                        f"{batch.outputs[name].shape} (batch {batch.index})"
+                    )
+                accumulator.update(produced[name], batch.outputs[name], batch.valid, batch.labels.get(name))
+            if not first_result_s:
+                first_result_s = time.perf_counter() - started
+            if progress:
+                progress()
+    finally:
+        runner.deactivate()
+    return ParityReport(
+        model=model,
+        bundle=bundle.path,
+        runtime=runner.describe(),
+        precision=precision,
+        digest=digest,
+        tolerances=tolerances,
+        outputs=[acc.result() for acc in accumulators.values()],
+        samples=bundle.samples,
+        load_s=load_s,
+        first_result_s=first_result_s,
+        total_s=time.perf_counter() - started,
+        arithmetic=arithmetic,
+    )
+
+
+def _stamps(model: Path) -> dict[str, str]:
+    """The metadata pe-export stamped in the file. ONNX is read without the onnx package (its import and a
+    parsed copy of the weights would double the checking process), TFLite from its flatbuffer."""
+    if not model.is_file():
+        raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
+    if not runners_for_file(model):
+        raise BadInputError(f"{model} is neither .tflite nor .onnx; parity checks exported files")
+    if model.suffix.lower() == ".onnx":
+        return onnx_metadata(model)
+    return inspect_path(model).metadata
+
+
+def _check_digest(stamped: str | None, bundle: Bundle, ignore: bool, model: Path) -> str:
+    if ignore:
+        return "ignored"
+    if stamped is None:
+        return "absent"
+    if stamped != bundle.digest:
+        raise BadInputError(
+            f"{model.name} was exported from SavedModel {stamped[:12]}…, the bundle from {bundle.digest[:12]}…: "
+            "wrong bundle for this model (pass --ignore-digest to compare anyway)"
+        )
+    return "match"
+
+
+def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[str, Tolerance]:
+    base = tolerance_for(precision)
+    pinned = bundle.manifest["tolerances"].get(precision)
+    if isinstance(pinned, dict):
+        base = Tolerance(**{k: float(pinned[k]) for k in ("atol", "rtol", "min_cosine")})
+    target = options.target_tolerances.get(precision, {})
+    base = base.override(target.get("atol"), target.get("rtol"))
+    names = [spec.name for spec in bundle.outputs]
+    unknown = sorted((set(options.output_atol) | set(options.output_rtol)) - set(names))
+    if unknown:
+        raise BadInputError(
+            f"tolerance given for unknown output(s) {', '.join(unknown)}; outputs are: {', '.join(names)}"
+        )
+    overall = base.override(options.atol, options.rtol)
+    return {name: overall.override(options.output_atol.get(name), options.output_rtol.get(name)) for name in names}
+
+
+# Coarsest last: a file is judged by its own precision or the runtime's arithmetic, whichever is coarser.
+_PRECISION_ORDER = ("fp32", "fp16", "int8")
+
+
+def _judged_precision(file_precision: str, arithmetic: str | None) -> str:
+    if arithmetic is None or file_precision not in _PRECISION_ORDER:
+        return file_precision
+    return max(file_precision, arithmetic, key=_PRECISION_ORDER.index)
+
+
+def _runner_options(runtime: str, options: ParityOptions) -> dict[str, Any]:
+    return runner_options(
+        runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
+        gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,
+    )  # fmt: skip
+
+
+def _check_interface(runner: Runner, bundle: Bundle, model: Path) -> None:
+    model_inputs = {spec.name: spec for spec in runner.input_specs()}
+    bundle_inputs = {spec.name: spec for spec in bundle.inputs}
+    if set(model_inputs) != set(bundle_inputs):
+        raise BadInputError(
+            f"{model.name} takes inputs {', '.join(sorted(model_inputs))}; the bundle has "
+            f"{', '.join(sorted(bundle_inputs))}: wrong bundle for this model"
+        )
+    for name, spec in bundle_inputs.items():
+        theirs = model_inputs[name]
+        if theirs.dtype != spec.dtype:
+            raise BadInputError(f"input {name!r}: the bundle holds {spec.dtype}, {model.name} takes {theirs.dtype}")
+        if not _compatible(theirs, spec):
+            raise BadInputError(
+                f"input {name!r}: the bundle's shape {spec.describe()} does not fit {model.name}'s {theirs.describe()}"
+            )
+    missing = sorted({s.name for s in bundle.outputs} - set(runner.output_names()))
+    if missing:
+        raise BadInputError(
+            f"{model.name} has no output(s) {', '.join(missing)} (it has: {', '.join(runner.output_names())})"
+        )
+
+
+def _compatible(model_spec: TensorSpec, bundle_spec: TensorSpec) -> bool:
+    if len(model_spec.shape) != len(bundle_spec.shape):
+        return False
+    return all(m is None or b is None or m == b for m, b in zip(model_spec.shape, bundle_spec.shape, strict=True))

@@ -1,0 +1,167 @@
+"""What a parity check is asked (ParityOptions) and what it finds (ParityReport, OutputMetrics): plain data.
+
+Nothing here imports numpy or a runtime: the process that supervises a check in a child
+(pe_export/parity/supervisor.py) builds the options, rebuilds the report from the child's JSON and
+formats it with these types alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pe_export.constants import DEFAULT_TIMEOUT_S
+from pe_export.errors import BadInputError, ExitCode, ParityError
+from pe_export.parity.tolerances import Tolerance
+from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision, resolve_providers
+
+
+@dataclass(frozen=True)
+class OutputMetrics:
+    name: str
+    shape: tuple[int, ...]
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+    cosine: float
+    nan_count: int
+    inf_count: int
+    worst_index: tuple[int, ...]
+    within_tolerance: bool
+    compared: int = 0  # elements compared (padding excluded)
+    violations: int = 0  # elements over atol + rtol·|expected|
+    argmax_agreement: float | None = None
+    position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
+    task_accuracy: float | None = None  # arg-max against the bundle's labels (where it has them)
+    reference_accuracy: float | None = None  # the float32 reference's own, on the same labels
+    # Task level for hidden states [batch, seq, d] with real padding: the worst row's cosine of the
+    # mean over its valid positions (a sentence embedding, as mean-pooling encoders use them).
+    pooled_cosine: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OutputMetrics:
+        profile = data.get("position_max_abs")
+        return cls(**{
+            **data,
+            "shape": tuple(data["shape"]),
+            "worst_index": tuple(data["worst_index"]),
+            "position_max_abs": None if profile is None else tuple(profile),
+        })  # fmt: skip
+
+    def cosines(self) -> str:
+        """The cosines the tolerance judges, for a failure message."""
+        pooled = "" if self.pooled_cosine is None else f", worst row's mean-pooled cosine {self.pooled_cosine:.6f}"
+        return f"cosine {self.cosine:.6f}{pooled}"
+
+
+@dataclass(frozen=True)
+class ParityOptions:
+    runtime: str | None = None  # default: the first installed runtime for the file
+    providers: tuple[str, ...] = DEFAULT_PROVIDERS
+    precision: str | None = None  # default: stamped in the file, else fp32
+    atol: float | None = None
+    rtol: float | None = None
+    output_atol: dict[str, float] = field(default_factory=dict)
+    output_rtol: dict[str, float] = field(default_factory=dict)
+    ignore_digest: bool = False
+    isolate: bool = True
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    threads: int | None = None
+    tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
+    gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
+    cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
+    # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
+    target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
+        check_gpu_precision(self.gpu_precision)
+        if not self.timeout_s > 0:
+            raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
+        if self.threads is not None and not 1 <= self.threads <= 1024:
+            raise BadInputError(f"--threads {self.threads} is out of range; expected 1 to 1024")
+
+
+@dataclass
+class ParityReport:
+    model: Path
+    bundle: Path
+    runtime: str
+    precision: str
+    digest: str  # "match", "absent" or "ignored"
+    tolerances: dict[str, Tolerance]
+    outputs: list[OutputMetrics]
+    samples: int
+    load_s: float
+    first_result_s: float
+    total_s: float
+    arithmetic: str | None = None  # the runtime's own precision when coarser than the file's (a GPU's fp16)
+
+    @property
+    def passed(self) -> bool:
+        return all(m.within_tolerance for m in self.outputs)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.OK if self.passed else ExitCode.PARITY_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": str(self.model),
+            "bundle": str(self.bundle),
+            "runtime": self.runtime,
+            "precision": self.precision,
+            "arithmetic": self.arithmetic,
+            "digest": self.digest,
+            "passed": self.passed,
+            "samples": self.samples,
+            "timing_s": {"load": self.load_s, "first_result": self.first_result_s, "total": self.total_s},
+            "tolerances": {name: vars(tol) for name, tol in self.tolerances.items()},
+            "outputs": [m.to_dict() for m in self.outputs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParityReport:
+        """The report as ``to_dict`` wrote it (the supervising process reads the child's this way)."""
+        timing = data["timing_s"]
+        return cls(
+            model=Path(data["model"]),
+            bundle=Path(data["bundle"]),
+            runtime=data["runtime"],
+            precision=data["precision"],
+            digest=data["digest"],
+            tolerances={name: Tolerance(**values) for name, values in data["tolerances"].items()},
+            outputs=[OutputMetrics.from_dict(output) for output in data["outputs"]],
+            samples=data["samples"],
+            load_s=timing["load"],
+            first_result_s=timing["first_result"],
+            total_s=timing["total"],
+            arithmetic=data.get("arithmetic"),
+        )
+
+    def failure_message(self) -> str:
+        failed = [m for m in self.outputs if not m.within_tolerance]
+        worst = max(failed, key=lambda m: m.max_abs)
+        tol = self.tolerances[worst.name]
+        where = ""
+        if worst.position_max_abs:
+            profile = worst.position_max_abs
+            peak = max(range(len(profile)), key=lambda i: -1.0 if profile[i] != profile[i] else profile[i])
+            where = f", worst at sequence position {peak}"
+        return (
+            f"{self.model.name} fails parity on {self.runtime}: {len(failed)} of {len(self.outputs)} outputs over "
+            f"tolerance; {worst.name!r} max abs {worst.max_abs:.3g} (atol {tol.atol:g}, rtol {tol.rtol:g}), "
+            f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
+            + (f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
+               if self.arithmetic == "fp16" else "")
+        )  # fmt: skip
+
+
+class ParityAssertionError(ParityError, AssertionError):
+    """Raised by assert_parity; pytest shows it as an assertion failure with the report."""
+
+

@@ -1,0 +1,177 @@
+"""A parity check in a child process, so that a runtime that crashes or hangs is reported, not fatal.
+
+The child (``python -m pe_export.parity.supervisor REQUEST``) runs the whole check in-process
+(pe_export/parity/harness.py) and answers over its stdout with length-prefixed frames: a heartbeat when
+the runtime has loaded the model and after every batch, then the report as JSON, or an error (message
+and exit code). This process times each heartbeat against ``timeout_s`` and turns a crash, a hang or
+an error into one line; it never imports numpy or a runtime, so checking costs little more than the
+runtime's own process. The child moves its own stdout to stderr first: native logs cannot corrupt the
+protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import IO, Any
+
+from pe_export.errors import ExitCode, PeExportError, RuntimeUnavailableError
+from pe_export.interrupts import raise_if_interrupted
+from pe_export.parity.result import ParityOptions, ParityReport
+
+# The command that starts the child Python, when sys.executable cannot be exec'd directly (an
+# emulated interpreter behind a launcher script, say). Split on whitespace.
+CHILD_PYTHON_ENV = "PE_EXPORT_PYTHON"
+_HEARTBEAT, _REPORT, _ERROR = b"H", b"R", b"E"
+_POLL_S = 0.25  # how often a wait looks for an interrupt
+
+
+def _errors_by_code() -> dict[int, type[PeExportError]]:
+    found: dict[int, type[PeExportError]] = {}
+    pending = list(PeExportError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        found.setdefault(int(cls.exit_code), cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityReport:
+    """Run check_parity(model, bundle, options without isolation) in a child; its report, or its error."""
+    request = {"model": str(model), "bundle": str(bundle), "options": asdict(replace(options, isolate=False))}
+    python = os.environ.get(CHILD_PYTHON_ENV, "").split() or [sys.executable]
+    with tempfile.TemporaryFile() as stderr:
+        try:
+            process = subprocess.Popen(
+                [*python, "-m", "pe_export.parity.supervisor", json.dumps(request)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
+            )  # fmt: skip
+        except OSError as err:
+            raise RuntimeUnavailableError(
+                f"could not start the parity check's child process with {' '.join(python)} ({err.strerror}); "
+                f"set {CHILD_PYTHON_ENV} to a command that starts this Python, or pass --no-isolate"
+            ) from err
+        watch = _Watch(process, stderr, model, options.timeout_s)
+        try:
+            return watch.report()
+        finally:
+            watch.close()
+
+
+class _Watch:
+    """Reads the child's frames with a deadline per frame; kills it on a hang or an interrupt."""
+
+    def __init__(self, process: subprocess.Popen[bytes], stderr: IO[bytes], model: Path, timeout_s: float) -> None:
+        self.process, self.stderr, self.model, self.timeout_s = process, stderr, model, timeout_s
+        self.doing = "loading"
+
+    def report(self) -> ParityReport:
+        while True:
+            kind, payload = self._frame()
+            if kind == _HEARTBEAT:
+                self.doing = "running"
+            elif kind == _REPORT:
+                return ParityReport.from_dict(json.loads(payload))
+            else:
+                error = json.loads(payload)
+                cls = _errors_by_code().get(error["exit_code"], RuntimeUnavailableError)
+                raise cls(error["message"])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+    def _frame(self) -> tuple[bytes, bytes]:
+        header = self._read(9)
+        return header[:1], self._read(struct.unpack(">Q", header[1:])[0])
+
+    def _read(self, size: int) -> bytes:
+        assert self.process.stdout
+        stream = self.process.stdout
+        deadline = time.monotonic() + self.timeout_s
+        chunks, remaining = [], size
+        with selectors.DefaultSelector() as selector:
+            selector.register(stream, selectors.EVENT_READ)
+            while remaining:
+                raise_if_interrupted()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.process.kill()
+                    raise RuntimeUnavailableError(
+                        f"the runtime did not answer within {self.timeout_s:g} s while {self.doing} "
+                        f"{self.model.name}; its process was killed (if it is only slow, e.g. building a TensorRT "
+                        "engine, raise --timeout)"
+                    )
+                if not selector.select(timeout=min(left, _POLL_S)):
+                    continue
+                chunk = os.read(stream.fileno(), min(remaining, 1 << 20))
+                if not chunk:
+                    raise self._crashed()
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def _crashed(self) -> RuntimeUnavailableError:
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        return RuntimeUnavailableError(
+            f"the runtime crashed ({how}) while {self.doing} {self.model.name}{self._stderr_tail()}"
+        )
+
+    def _stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        lines = [line for line in self.stderr.read().decode(errors="replace").splitlines() if line.strip()]
+        return f": {lines[-1].strip()[:200]}" if lines else ""
+
+
+# --- child side -------------------------------------------------------------------------
+
+
+def _send(outbox: IO[bytes], kind: bytes, payload: bytes = b"") -> None:
+    outbox.write(kind + struct.pack(">Q", len(payload)) + payload)
+    outbox.flush()
+
+
+def _serve(request: dict[str, Any], outbox: IO[bytes]) -> None:
+    options = dict(request["options"])
+    options["providers"] = tuple(options["providers"])
+    try:
+        from pe_export.parity.inprocess import run_check
+
+        parsed = ParityOptions(**options)
+        parsed.validate()
+        report = run_check(Path(request["model"]), Path(request["bundle"]), parsed, lambda: _send(outbox, _HEARTBEAT))
+    except PeExportError as err:
+        message = {"exit_code": int(err.exit_code), "message": str(err)}
+    except Exception as err:  # report, don't die silently: the parent turns it into one line
+        message = {"exit_code": int(ExitCode.RUNTIME_UNAVAILABLE), "message": f"{type(err).__name__}: {err}"}
+    else:
+        _send(outbox, _REPORT, json.dumps(report.to_dict()).encode())
+        return
+    _send(outbox, _ERROR, json.dumps(message).encode())
+
+
+def main() -> None:
+    outbox = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything else printed to stdout goes to stderr, not into the protocol
+    _serve(json.loads(sys.argv[1]), outbox)
+
+
+if __name__ == "__main__":
+    main()
