@@ -89,13 +89,13 @@ def exported_file(saved_model, tmp_path_factory: pytest.TempPathFactory) -> Call
     return get
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    from tests.docker_builds import start_if_collected
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.docker_builds import start
 
-    start_if_collected(session)
+    start(config)  # the device images build in the background while the suite runs (only where wanted)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_unconfigure(config: pytest.Config) -> None:
     from tests.docker_builds import stop
 
-    stop(session)
+    stop(config)

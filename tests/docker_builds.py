@@ -1,6 +1,8 @@
-"""The device images of tests/test_docker_images.py, built in a background thread that conftest.py starts when
-those tests are collected: the engine, the bases (debootstrap, minutes under emulation for arm64) and the
-images are mostly downloads and emulated work, so they overlap the rest of the suite instead of adding to it.
+"""The device images of tests/test_docker_images.py, built in a background thread that conftest.py starts
+at configuration when those tests may run (in the process that controls pytest-xdist's workers, so once):
+the engine, the bases (debootstrap, minutes under emulation for arm64) and the images are mostly downloads
+and emulated work, so they overlap the rest of the suite instead of adding to it. The outcome is a JSON
+file whose path the workers inherit (PE_EXPORT_DOCKER_BUILDS).
 
 Needs root (dockerd, debootstrap, binfmt_misc); Debian's docker.io and debootstrap are installed with apt-get
 when missing. A dockerd started here is stopped by its pid when the session ends. Bases are kept between
@@ -10,6 +12,7 @@ runs (tagged by local-base.sh's hash); the images are rebuilt from the checkout 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -62,26 +65,40 @@ class ImageBuilds:
     _pidfile: Path | None = None
     _thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._build_all, name="docker-builds", daemon=True)
+    def start(self, outcome: Path) -> None:
+        """Build in a background thread; the outcome is written to ``outcome`` (JSON) when all is done."""
+        self._thread = threading.Thread(target=self._build_all, args=(outcome,), name="docker-builds", daemon=True)
         self._thread.start()
 
-    def wait(self) -> ImageBuilds:
-        if self._thread is None:
-            self.start()
-        assert self._thread is not None
-        self._thread.join()
+    def to_json(self) -> str:
+        return json.dumps({"outcomes": self.outcomes, "unavailable": self.unavailable, "seconds": self.seconds})
+
+    @classmethod
+    def from_json(cls, text: str) -> ImageBuilds:
+        data = json.loads(text)
+        return cls(outcomes=data["outcomes"], unavailable=data["unavailable"], seconds=data["seconds"])
+
+    def join(self) -> ImageBuilds:
+        if self._thread is not None:
+            self._thread.join()
         return self
 
     def stop(self) -> None:
-        """Stop the dockerd this session started, by its pid."""
-        if self._thread is not None:
-            self._thread.join()
+        """Stop the dockerd this session started, by its pid (after the builds)."""
+        self.join()
         if self._daemon is not None and self._pidfile is not None and self._pidfile.exists():
             os.kill(int(self._pidfile.read_text()), signal.SIGTERM)
             self._daemon.wait(timeout=60)
 
-    def _build_all(self) -> None:
+    def _build_all(self, outcome: Path) -> None:
+        try:
+            self._build_images()
+        finally:
+            partial = outcome.with_suffix(".partial")
+            partial.write_text(self.to_json())
+            partial.replace(outcome)  # readers see the whole outcome or none
+
+    def _build_images(self) -> None:
         try:
             self._engine()
             bases = {arch: self._base(arch) for arch in ARCHES}
@@ -134,17 +151,49 @@ class ImageBuilds:
 
 
 BUILDS_KEY = pytest.StashKey[ImageBuilds]()
+# Where the builds' outcome is written (JSON); set by the controlling process before pytest-xdist starts its
+# workers, which inherit it: the docker tests may run in any worker, the builds run once.
+OUTCOME_ENV = "PE_EXPORT_DOCKER_BUILDS"
 
 
-def start_if_collected(session: pytest.Session) -> None:
-    """conftest.py's collection hook: start the builds when tests/test_docker_images.py has selected tests."""
-    if any(item.nodeid.startswith("tests/test_docker_images.py") for item in session.items):
-        builds = ImageBuilds()
-        session.config.stash[BUILDS_KEY] = builds
-        builds.start()
+def wanted(config: pytest.Config) -> bool:
+    """Whether this run may select tests/test_docker_images.py (decided before collection, from the command
+    line: the workers of pytest-xdist collect, the controlling process does not)."""
+    if hasattr(config, "workerinput") or "slow" in (config.getoption("markexpr", "") or ""):
+        return False
+    target = (REPO / "tests" / "test_docker_images.py").resolve()
+    for arg in config.args or ["tests"]:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        if path == target or (path.is_dir() and target.is_relative_to(path)):
+            return True
+    return False
 
 
-def stop(session: pytest.Session) -> None:
-    builds = session.config.stash.get(BUILDS_KEY, None)
+def start(config: pytest.Config) -> None:
+    """conftest.py's pytest_configure: start the builds in the background when the docker tests may run."""
+    if not wanted(config):
+        return
+    outcome = Path(tempfile.mkdtemp(prefix="pe-export-docker-builds-")) / "outcome.json"
+    os.environ[OUTCOME_ENV] = str(outcome)
+    builds = ImageBuilds()
+    config.stash[BUILDS_KEY] = builds
+    builds.start(outcome)
+
+
+def stop(config: pytest.Config) -> None:
+    builds = config.stash.get(BUILDS_KEY, None)
     if builds is not None:
         builds.stop()
+
+
+def outcome(timeout_s: float = 3600.0) -> ImageBuilds | None:
+    """The outcome of the builds this session started (waited for), or None when it started none."""
+    path = os.environ.get(OUTCOME_ENV)
+    if not path:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the image builds wrote nothing to {path} in {timeout_s:g} s")
+        time.sleep(1)
+    return ImageBuilds.from_json(Path(path).read_text())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +139,19 @@ def run_outside_repo(*args: str | Path, timeout: int = 900) -> subprocess.Comple
     )
 
 
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """One holder at a time across processes (pytest-xdist's workers): ``checkout`` for pip builds of this
+    checkout (setuptools writes build/ and *.egg-info into it), others for a shared cache folder."""
+    VENV_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(VENV_CACHE / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def cached_venv(name: str, requirements: list[str], *, base: str = sys.executable, root: Path = VENV_CACHE) -> Path:
     """A real venv with ``requirements`` (pe-export itself among them) installed once and kept between runs.
 
@@ -147,6 +163,11 @@ def cached_venv(name: str, requirements: list[str], *, base: str = sys.executabl
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     venv = root / f"{name}-py{version}-{key.hexdigest()[:12]}"
     python = venv / "bin" / "python"
+    with cache_lock("checkout"):
+        return _cached_venv(venv, python, base, requirements)
+
+
+def _cached_venv(venv: Path, python: Path, base: str, requirements: list[str]) -> Path:
     if not python.exists():
         created = run_outside_repo(base, "-m", "venv", venv)
         assert created.returncode == 0, created.stderr
@@ -187,11 +208,11 @@ def software_vulkan_env() -> dict[str, str]:
     (targets/software-vulkan/setup.sh); skips the calling test where it cannot be had."""
     setup = REPO / "targets" / "software-vulkan" / "setup.sh"
     folder = VENV_CACHE / f"software-vulkan-{hashlib.sha256(setup.read_bytes()).hexdigest()[:12]}"
-    if not (folder / "env.sh").exists():
-        VENV_CACHE.mkdir(parents=True, exist_ok=True)
-        made = subprocess.run(["bash", str(setup), str(folder)], capture_output=True, text=True, check=False)
-        if made.returncode != 0:
-            pytest.skip(f"no software Vulkan here: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
+    with cache_lock("software-vulkan"):
+        if not (folder / "env.sh").exists():
+            made = subprocess.run(["bash", str(setup), str(folder)], capture_output=True, text=True, check=False)
+            if made.returncode != 0:
+                pytest.skip(f"no software Vulkan here: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
     env = {}
     for line in (folder / "env.sh").read_text().splitlines():
         name, _, value = line.removeprefix("export ").partition("=")

@@ -18,7 +18,7 @@ import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.supervisor import CHILD_PYTHON_ENV
-from tests.helpers import REPO, VENV_CACHE
+from tests.helpers import REPO, VENV_CACHE, cache_lock
 
 pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
 
@@ -48,7 +48,8 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 pytest.skip(f"qemu aarch64 emulation cannot be had here: {reason}")
             raise AssertionError(built.stdout[-1500:] + built.stderr[-1500:])
     wheels = tmp_path_factory.mktemp("wheel")
-    made = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
+    with cache_lock("checkout"):
+        made = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
     assert made.returncode == 0, made.stderr[-1500:]
     installed = _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
                      env_dir / "site", *wheels.glob("*.whl"))  # fmt: skip

@@ -5,8 +5,9 @@ No registry is reachable from where pe-export is developed, so each image is bui
 CPU image is built for x86_64 and for aarch64 (through qemu and binfmt_misc); the CUDA and Jetson images,
 whose NVIDIA bases cannot be pulled, have their `python-layer` stage built on the same stand-in. In each,
 `pe-export parity` runs inside the container on a bundle mounted read-only, and the exit code must come
-through `docker run` unchanged (0 pass, 1 parity failure, 2 bad input). The builds run in the background
-from the start of the session (tests/docker_builds.py, started by conftest.py).
+through `docker run` unchanged (0 pass, 1 parity failure, 2 bad input). The builds run once, in the
+background from the start of the session (tests/docker_builds.py, started by conftest.py in the process that
+controls pytest-xdist's workers), while the rest of the suite runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pe_export.errors import ExitCode
-from tests.docker_builds import BUILDS_KEY, IMAGES, ImageBuilds
+from tests import docker_builds
+from tests.docker_builds import IMAGES, ImageBuilds
 
 pytestmark = pytest.mark.slow  # minutes (an arm64 build runs under emulation): excluded from the quick run
 
@@ -29,11 +31,13 @@ def _run(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="session")
-def images(request: pytest.FixtureRequest) -> ImageBuilds:
-    builds = request.config.stash.get(BUILDS_KEY, None)
-    if builds is None:  # collected under another node id: build now (conftest's session end stops dockerd)
-        builds = request.config.stash[BUILDS_KEY] = ImageBuilds()
-    builds.wait()
+def images(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ImageBuilds:
+    builds = docker_builds.outcome()
+    if builds is None:  # selected in a way conftest.py did not foresee: build now, stop dockerd after
+        builds = ImageBuilds()
+        builds.start(tmp_path_factory.mktemp("docker-builds") / "outcome.json")
+        request.addfinalizer(builds.stop)
+        builds.join()
     if builds.unavailable:
         pytest.skip(builds.unavailable)
     return builds

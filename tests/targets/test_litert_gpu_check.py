@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.errors import ExitCode
-from tests.helpers import REPO, software_vulkan_env
+from tests.helpers import REPO, cache_lock, software_vulkan_env
 
 pytestmark = pytest.mark.slow  # an export, a venv and eight GPU runs: excluded from the quick run
 
@@ -22,8 +22,9 @@ SCRIPTS = REPO / "targets" / "litert-gpu"
 def test_prepared_kit_runs_the_gpu_check_in_a_bare_venv(tmp_path: Path) -> None:
     vulkan = software_vulkan_env()
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    prepared = subprocess.run(["bash", SCRIPTS / "prepare.sh", tmp_path / "kit", version], capture_output=True,
-                              text=True, check=False, timeout=900)  # fmt: skip
+    with cache_lock("checkout"):  # prepare.sh builds pe-export's wheel in the checkout
+        prepared = subprocess.run(["bash", SCRIPTS / "prepare.sh", tmp_path / "kit", version], capture_output=True,
+                                  text=True, check=False, timeout=900)  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     kit = tmp_path / "kit"
     assert sorted(p.name for p in kit.glob("*.tflite")) == ["encoder.float16.tflite", "encoder.fp32.tflite"]
