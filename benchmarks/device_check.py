@@ -57,7 +57,7 @@ print("max abs", worst, "PASS" if worst <= 1e-4 else "FAIL")
 }
 # Polygraphy's own input and output files, written in its venv from the bundle.
 POLYGRAPHY_FILES = """import json, sys, numpy as np
-from polygraphy.comparator import RunResults
+from polygraphy.comparator import IterationResult, RunResults
 from polygraphy.json import save_json
 bundle, out = sys.argv[1], sys.argv[2]
 manifest = json.load(open(bundle + "/manifest.json"))
@@ -65,7 +65,8 @@ feeds, outputs = [], []
 for entry in manifest["batches"]:
     arrays = np.load(bundle + "/batches/" + entry["file"].split("/")[-1])
     feeds.append({k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("input/")})
-    outputs.append({k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("output/")})
+    golden = {k.split("/", 1)[1]: arrays[k] for k in arrays.files if k.startswith("output/")}
+    outputs.append(IterationResult(outputs=golden, runner_name="golden"))
 save_json(feeds, out + "/inputs.json")
 results = RunResults()
 results.append(("golden", outputs))
