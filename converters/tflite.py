@@ -80,7 +80,7 @@ def _convert_with_rewrites(
             raise
         data, log, first_error = None, "", err
     flex = None if data is None else set(summarize_tflite_bytes(data, loaded.path).flex_ops)
-    if data is None or flex & REWRITABLE_FLEX_OPS:
+    if data is None or (flex is not None and flex & REWRITABLE_FLEX_OPS):
         graph, notes = _builtin_rewrites(source.graph()[0])
         if notes:
             try:
@@ -99,11 +99,11 @@ def _convert_with_rewrites(
         data, _ = convert(allow_flex=True)
     except ConversionError:
         raise first_error from None
-    flex = summarize_tflite_bytes(data, loaded.path).flex_ops
-    if not flex:
+    needed = summarize_tflite_bytes(data, loaded.path).flex_ops
+    if not needed:
         raise first_error
     raise NeedsFlexError(
-        f"--builtins-only: the model needs select TF (Flex) ops {', '.join(flex)}; drop --builtins-only "
+        f"--builtins-only: the model needs select TF (Flex) ops {', '.join(needed)}; drop --builtins-only "
         "to export with Flex (the device then needs a Flex-linked TFLite), or replace those ops"
     ) from None
 
@@ -181,6 +181,7 @@ def _convert(
     if allow_flex:
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
     converter.target_spec.supported_ops = ops
+    failure: Exception | None
     with capture_native_output(quiet) as log:
         try:
             data = converter.convert()

@@ -80,9 +80,9 @@ class DynamicRangeFile:
             values = self._float_source(tensor, float_tensors)
             if values is not None:
                 self.weights[tensor.name.decode()] = _Weight(
-                    tensor, values.copy(), op, name, dequantizes[int(op.outputs[0])] if gather else None
+                    tensor, values.copy(), op, str(name), dequantizes[int(op.outputs[0])] if gather else None
                 )
-        shared = defaultdict(int)
+        shared: dict[int, int] = defaultdict(int)
         for tensor in (t for g in self.model.subgraphs for t in g.tensors):
             shared[tensor.buffer] += 1
         for weight in self.weights.values():  # each weight's bytes are rewritten in place: give it its own
@@ -268,7 +268,8 @@ def _captured(data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str],
 
     path = folder / "float.tflite"
     path.write_bytes(data)
-    interpreter_class = create_runner(_runtime(path), path).interpreter_class()  # the runtime _run uses
+    runner: Any = create_runner(_runtime(path), path)  # a TFLite runner: it has interpreter_class
+    interpreter_class = runner.interpreter_class()  # the runtime _run uses
     with capture_native_output():
         interpreter = interpreter_class(model_path=str(path), num_threads=1, experimental_preserve_all_tensors=True,
                                         experimental_op_resolver_type=_no_delegates(interpreter_class))  # fmt: skip

@@ -163,7 +163,7 @@ def run_demo(
     tokens, labels = task.task_data(DEMO_SAMPLES, task.TEST_SEED)
     labels[:, : task.SHIFT] = IGNORED_LABEL  # the first positions have nothing to copy
     np.savez(directory / "task_inputs.npz", token_ids=tokens)
-    np.savez(directory / "task_labels.npz", **{task.LABEL_OUTPUT: labels})
+    np.savez(directory / "task_labels.npz", **{task.LABEL_OUTPUT: labels})  # type: ignore[arg-type]  # numpy stub
     goldens = {saved_model: directory / "golden", learned_model: directory / "golden_learned"}
     for model, golden in goldens.items():
         make_golden(model, golden, GoldenOptions(inputs=directory / "task_inputs.npz", labels=directory /

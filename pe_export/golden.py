@@ -153,7 +153,7 @@ def _make_golden(
                 rows = valid.shape[0]
                 arrays.update({f"{LABEL_PREFIX}{k}": v[total : total + rows] for k, v in labels.items()})
                 arrays[VALID_KEY] = valid
-                np.savez(work / name, **arrays)
+                np.savez(work / name, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds as allow_pickle
                 samples = int(valid.shape[0])
                 entries.append({"file": name, "samples": samples, "sha256": file_sha256(work / name)})
                 total += samples

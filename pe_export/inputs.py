@@ -57,7 +57,7 @@ def generate_inputs(
                 low = 1 if high > 2 else 0
                 array = rng.integers(low, high, size=shape, dtype=np.int64)
         else:
-            array = rng.standard_normal(shape)
+            array = rng.standard_normal(shape)  # type: ignore[assignment]  # int ids or float features
         if padded and len(shape) >= 2:
             for row, length in enumerate(padded_lengths(shape[0], shape[1])):
                 array[row, length:] = 0

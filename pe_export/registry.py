@@ -28,7 +28,7 @@ class Registry(Generic[T]):
         def decorate(cls: T) -> T:
             if name in self._classes:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
-            cls.name = name
+            cls.name = name  # type: ignore[attr-defined]  # T is a class; the registry names it
             for key, value in attributes.items():
                 setattr(cls, key, value)
             self._classes[name] = cls

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pe_export.errors import BadInputError, missing_extra, one_line
 
@@ -76,7 +77,7 @@ def _exported(path: Path, kind: str) -> Iterator[Path]:
     from pe_export.native import import_tensorflow
 
     import_tensorflow()  # TensorFlow's logging set up first, as for every SavedModel
-    model = _load_keras(path) if kind == "keras" else _load_checkpoint(path)
+    model: Any = _load_keras(path) if kind == "keras" else _load_checkpoint(path)
     work = Path(tempfile.mkdtemp(prefix="pe-export-source-"))
     try:
         saved = work / "saved_model"

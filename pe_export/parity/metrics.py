@@ -53,9 +53,10 @@ class OutputAccumulator:
         e = np.asarray(expected, dtype=np.float64)
         if a.shape != e.shape:
             raise ValueError(f"output {self.name!r}: shape {a.shape} does not match reference {e.shape}")
-        sequence_mask = valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape
-        if sequence_mask:
-            include = np.broadcast_to(valid.reshape(valid.shape + (1,) * (a.ndim - 2)), a.shape)
+        # The padding mask applies when it covers the output's [batch, seq] axes.
+        mask = valid if valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape else None
+        if mask is not None:
+            include = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a.shape)
         else:
             include = np.ones(a.shape, dtype=bool)
         nan = np.isnan(a) & include
@@ -81,21 +82,21 @@ class OutputAccumulator:
             self.norm_expected += float((e[finite] ** 2).sum())
         if self.argmax and a.ndim >= 2:
             agree = np.argmax(a, axis=-1) == np.argmax(e, axis=-1)
-            rows = valid if sequence_mask and a.ndim >= 3 else np.ones(agree.shape, dtype=bool)
+            rows = mask if mask is not None and a.ndim >= 3 else np.ones(agree.shape, dtype=bool)
             self.argmax_equal += int((agree & rows).sum())
             self.argmax_total += int(rows.sum())
-        if sequence_mask:
+        if mask is not None:
             per_position = np.where(finite, error, 0.0).reshape(a.shape[0], a.shape[1], -1).max(axis=(0, 2))
-            per_position = np.where(valid.any(axis=0), per_position, np.nan)
+            per_position = np.where(mask.any(axis=0), per_position, np.nan)
             self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
-        if sequence_mask and a.ndim == 3 and not self.argmax:
-            weights = valid[:, :, None].astype(np.float64)
+        if mask is not None and a.ndim == 3 and not self.argmax:
+            weights = mask[:, :, None].astype(np.float64)
             count = np.maximum(weights.sum(axis=1), 1.0)
             pooled_a, pooled_e = (a * weights).sum(axis=1) / count, (e * weights).sum(axis=1) / count
             norm_a, norm_e = np.linalg.norm(pooled_a, axis=1), np.linalg.norm(pooled_e, axis=1)
             rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norm_a * norm_e, _TINY)
             rows = np.where((norm_a == 0) & (norm_e == 0), 1.0, rows)  # as the flattened cosine: 0 matches 0
-            rows = np.where(np.isfinite(rows), rows, -1.0)[valid.any(axis=1)]  # a row with no token has no mean
+            rows = np.where(np.isfinite(rows), rows, -1.0)[mask.any(axis=1)]  # a row with no token has no mean
             if rows.size:
                 worst = float(rows.min())
                 self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)

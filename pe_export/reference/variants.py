@@ -60,7 +60,7 @@ def sinusoid_constant(
     """
     tf, layers = _tf_layers()
 
-    class SinusoidConstant(layers.Layer):
+    class SinusoidConstant(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.table = tf.constant(sinusoid_table(length, width, base).astype("float32"))
@@ -95,7 +95,7 @@ def sinusoid_computed(seq_len: int | None) -> Any:
     """The seed's "dynamic" layer: concatenated [sin ‖ cos] halves computed in-graph from range."""
     tf, layers = _tf_layers()
 
-    class SinusoidComputed(layers.Layer):
+    class SinusoidComputed(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def call(self, x: Any) -> Any:
             positions = tf.cast(tf.range(tf.shape(x)[1]), tf.float32)[:, None]
             rates = tf.exp(tf.range(0, WIDTH, 2, dtype=tf.float32) * (-np.log(10000.0) / WIDTH))[None, :]
@@ -109,7 +109,7 @@ def learned(seq_len: int | None) -> Any:
     """BERT-style learned table: a variable named position_embedding/embeddings."""
     tf, layers = _tf_layers()
 
-    class LearnedPositions(layers.Layer):
+    class LearnedPositions(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
             self.embeddings = self.add_weight(name="embeddings", shape=(MAX_LEN, WIDTH), initializer="glorot_uniform")
 
@@ -123,7 +123,7 @@ def hybrid(seq_len: int | None) -> Any:
     """Fixed sinusoid plus a learnable offset: pe + 0.1 * offset."""
     tf, layers = _tf_layers()
 
-    class HybridPositions(layers.Layer):
+    class HybridPositions(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
             self.fixed = tf.constant(sinusoid_table(MAX_LEN, WIDTH).astype("float32"))
             self.offset = self.add_weight(name="offset", shape=(MAX_LEN, WIDTH), initializer="random_normal")
@@ -140,7 +140,7 @@ def hybrid_separate(seq_len: int | None) -> Any:
     At a fixed length folding merges them into one constant, which must still read as a hybrid."""
     tf, layers = _tf_layers()
 
-    class SeparateHybrid(layers.Layer):
+    class SeparateHybrid(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
             self.fixed = tf.constant(sinusoid_table(MAX_LEN, WIDTH)[None].astype("float32"))
             self.learnable = self.add_weight(
@@ -158,7 +158,7 @@ def masked(seq_len: int | None) -> Any:
     """Padding-masked encoding: the table is multiplied by the run-time attention mask."""
     tf, layers = _tf_layers()
 
-    class MaskedPositions(layers.Layer):
+    class MaskedPositions(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.table = tf.constant(sinusoid_table(MAX_LEN, WIDTH).astype("float32"))
@@ -177,7 +177,7 @@ def relative(seq_len: int | None) -> Any:
     """Shaw et al.: a [2K+1, d] table gathered by the clipped distance matrix, used as attention bias."""
     tf, layers = _tf_layers()
 
-    class RelativePositions(layers.Layer):
+    class RelativePositions(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
             self.embeddings = self.add_weight(
                 name="relative_pos_emb", shape=(2 * MAX_RELATIVE + 1, WIDTH), initializer="glorot_uniform"
@@ -200,7 +200,7 @@ def t5_bias(seq_len: int | None) -> Any:
     tf, layers = _tf_layers()
     buckets, heads, max_distance = 32, 4, 64
 
-    class BucketBias(layers.Layer):
+    class BucketBias(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
             self.bias = self.add_weight(name="relative_attention_bias", shape=(buckets, heads),
                                         initializer="glorot_uniform")  # fmt: skip
@@ -228,7 +228,7 @@ def rotary(seq_len: int | None) -> Any:
     """RoPE: cos/sin caches computed in-graph, applied by rotating feature pairs."""
     tf, layers = _tf_layers()
 
-    class Rotary(layers.Layer):
+    class Rotary(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def call(self, x: Any) -> Any:
             positions = tf.cast(tf.range(tf.shape(x)[1]), tf.float32)[:, None]
             rates = 1.0 / tf.pow(10000.0, tf.range(0, WIDTH, 2, dtype=tf.float32) / WIDTH)

@@ -13,6 +13,7 @@ Inputs need fixed shapes (the GPU graph is built once); export with ``--batch N 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import Any, ClassVar
@@ -177,7 +178,7 @@ class LiteRTGpuRunner(Runner):
         except RuntimeError as err:
             raise RuntimeUnavailableError(f"litert-gpu failed to run {self.model_path.name}: {one_line(err)}") from err
         return {
-            spec.name: buffer.read(int(np.prod(spec.shape)), np.dtype(spec.dtype)).reshape(spec.shape)
+            spec.name: buffer.read(math.prod(d or 0 for d in spec.shape), np.dtype(spec.dtype)).reshape(spec.shape)
             for spec, buffer in zip(self._outputs, outputs, strict=True)
         }
 

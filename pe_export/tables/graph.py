@@ -3,6 +3,7 @@ to a concrete function for the TFLite converter (TensorFlow side)."""
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -167,9 +168,9 @@ def hybrid_sums(graph_def: Any) -> dict[str, np.ndarray]:
 def splice_rebuild(
     graph_def: Any,
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]],
-    seed: tuple[str, str],
+    seed: tuple[str, str, tuple[int | None, ...]],
     target: str,
-    prefix_only: set[str] = frozenset(),
+    prefix_only: AbstractSet[str] = frozenset(),
 ) -> Any:
     """Replace each named Const with ops that rebuild it from stored arrays at run time.
 
