@@ -26,15 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
   || echo "no nvidia-smi" > "$out/gpu.txt"
 : > "$out/steps.tsv"
 status=0
-step() {  # step NAME COMMAND...: run it, record its exit code, keep the first failure's
-  local name=$1 code
-  shift
-  rm -f "$out/$name.json"  # a result left by an earlier run must not stand in for this one
-  "$@"
-  code=$?
-  printf '%s\t%s\t%s\n' "$name" "$code" "$*" >> "$out/steps.tsv"
-  if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; fi
-}
+. "$(dirname "$0")/../steps.sh"  # step, finish_report
 for providers in $provider_sets; do
   tag=${providers//,/-}
   # TensorRT builds its engine on the first call: minutes for a large model, hence the timeout.
@@ -43,19 +35,5 @@ for providers in $provider_sets; do
   step "bench-$tag" pe-export bench "$model" --providers "$providers" "${tf32[@]}" \
     "${seq_len[@]}" --runs "$runs" --warmup 20 --json "$out/bench-$tag.json"
 done
-python3 - "$out" "$status" <<'PY'
-import json, os, pathlib, sys
-out, status = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-steps = []
-for line in (out / "steps.tsv").read_text().splitlines():
-    name, code, command = line.split("\t", 2)
-    result = out / f"{name}.json"
-    steps.append({"step": name, "exit_code": int(code), "command": command,
-                  "result": json.loads(result.read_text()) if result.exists() else None})
-report = {"gpu": (out / "gpu.txt").read_text().strip(), "passed": status == 0, "exit_code": status, "steps": steps}
-partial = out / "report.json.partial"
-partial.write_text(json.dumps(report, indent=2))
-os.replace(partial, out / "report.json")
-print(f"wrote {out / 'report.json'}: " + ", ".join(f"{s['step']} {s['exit_code']}" for s in steps))
-PY
+finish_report
 exit $status
