@@ -120,8 +120,10 @@ def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:
                      f"ExpandDims: without it they needed {SLICE_FLEX_OP}")  # fmt: skip
     graph_def, count = int64_ops_through_int32(graph_def)
     if count:
-        notes.append(f"{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
-                     f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}")
+        notes.append(
+            f"{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
+            f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}"
+        )
     return graph_def, notes
 
 

@@ -312,7 +312,6 @@ def _prepare(target: str, source: ModelSource, output: Path, options: ExportOpti
     from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
 
     if options.tables.rewrites or folds_relative_gather(frozen):
-
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
     job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared,
@@ -418,6 +417,4 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityResult:
     tolerance = job.options.tolerance
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference, create_runner(runner_name, path) as candidate:
-        return compare_runners(
-            reference, candidate, feeds, precision=precision, tolerance=tolerance, valid=valid
-        )
+        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance, valid=valid)

@@ -372,9 +372,7 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
 @click.option("--target", default=None, help="Apply a device profile's runtime, providers and settings.")
 @click.option("--threads", type=int, default=None, help="Runtime threads (default: the runtime's).")
 @click.option("--batch", type=int, default=None, help=f"Batch for dynamic axes (default {BENCH_BATCH}).")
-@click.option(
-    "--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {BENCH_SEQ_LEN})."
-)
+@click.option("--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {BENCH_SEQ_LEN}).")
 @click.option("--runs", type=int, default=None, help=f"Timed runs (default {BENCH_RUNS}).")
 @click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {BENCH_WARMUP}).")
 @click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")

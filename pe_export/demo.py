@@ -110,8 +110,18 @@ class DemoResult:
 # What the demo writes in its folder; a folder that holds any of them and is not the demo's own (no marker)
 # is the user's, and is not written into without --overwrite.
 DEMO_MARKER = ".pe-export-demo"
-DEMO_OUTPUTS = ("reference_encoder", "learned_table_encoder", "golden", "golden_learned", "task_inputs.npz",
-                "task_labels.npz", "report.json", "position_error.png", "encoder.*", "learned-table.encoder.*")
+DEMO_OUTPUTS = (
+    "reference_encoder",
+    "learned_table_encoder",
+    "golden",
+    "golden_learned",
+    "task_inputs.npz",
+    "task_labels.npz",
+    "report.json",
+    "position_error.png",
+    "encoder.*",
+    "learned-table.encoder.*",
+)
 
 
 def check_demo_folder(directory: Path, *, overwrite: bool) -> None:
@@ -138,7 +148,10 @@ def check_demo_folder(directory: Path, *, overwrite: bool) -> None:
 
 
 def run_demo(
-    directory: Path = DEFAULT_DEMO_DIR, *, progress: Callable[[str], None] | None = None, quiet: bool = True,
+    directory: Path = DEFAULT_DEMO_DIR,
+    *,
+    progress: Callable[[str], None] | None = None,
+    quiet: bool = True,
     overwrite: bool = False,
 ) -> DemoResult:
     from pe_export.fileio import folder_mode

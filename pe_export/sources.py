@@ -130,5 +130,3 @@ def _files_digest(files: list[Path]) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-

@@ -79,7 +79,7 @@ def test_pe_export_has_no_import_cycle() -> None:
         state[module] = 1
         for target in sorted(graph[module]):
             if state[target] == 1:
-                cycles.append(" → ".join([*stack[stack.index(target):], target]))
+                cycles.append(" → ".join([*stack[stack.index(target) :], target]))
             elif state[target] == 0:
                 visit(target, [*stack, target])
         state[module] = 2

@@ -111,8 +111,11 @@ def test_auto_compress_takes_back_a_table_that_breaks_the_file(minilm, tmp_path:
     saved, _, _ = minilm
     result = run_cli(capfd, "tflite", saved, "-o", tmp_path / "m.tflite", "--quantize", "float16", "--compress", "64")
     assert result.exit_code == 0, result.stderr
-    note = re.search(r"note: position_embedding/embeddings: svd \(129,024 B, table error ([\d.]+)\) made the file "
-                     r"err ([\d.]+) on '(\w+)' \(cosine ([\d.]+)\), over the fp16 tolerance: table kept", result.stdout)
+    note = re.search(
+        r"note: position_embedding/embeddings: svd \(129,024 B, table error ([\d.]+)\) made the file "
+        r"err ([\d.]+) on '(\w+)' \(cosine ([\d.]+)\), over the fp16 tolerance: table kept",
+        result.stdout,
+    )
     assert note, result.stdout[-3000:]
     assert float(note[1]) <= 0.05 < float(note[2])  # inside the atol as a table, outside it as a model
     assert re.search(r"position_embedding/embeddings\s+variable\s+512x384\s+learned\s+kept", result.stdout)

@@ -133,8 +133,11 @@ class OutputAccumulator:
             worst_index=self.worst_index,
             # A masked sequence output also answers for its worst row's mean-pooled direction (a sentence
             # embedding): one short sentence can go wrong while the batch's flattened cosine stays high.
-            within_tolerance=bool(self.violations == 0 and cosine >= self.tolerance.min_cosine
-                                  and (self.pooled_worst is None or self.pooled_worst >= self.tolerance.min_cosine)),
+            within_tolerance=bool(
+                self.violations == 0
+                and cosine >= self.tolerance.min_cosine
+                and (self.pooled_worst is None or self.pooled_worst >= self.tolerance.min_cosine)
+            ),
             compared=self.compared,
             violations=self.violations,
             argmax_agreement=self.argmax_equal / self.argmax_total if self.argmax_total else None,

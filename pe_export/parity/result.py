@@ -163,5 +163,3 @@ class ParityReport:
 
 class ParityAssertionError(ParityError, AssertionError):
     """Raised by assert_parity; pytest shows it as an assertion failure with the report."""
-
-

@@ -210,7 +210,7 @@ def test_child_crash_and_hang_are_reported(files, monkeypatch: pytest.MonkeyPatc
     # A child that dies mid-check (a runtime's segfault, here SIGKILL from a launcher) and one that never
     # answers: exit 3 in one line each, and the supervising process survives both.
     killer = tmp_path / "python-that-dies"
-    killer.write_text(f"#!/bin/sh\n{sys.executable} \"$@\" &\nchild=$!\nsleep 0.1\nkill -9 $child\nwait $child\n")
+    killer.write_text(f'#!/bin/sh\n{sys.executable} "$@" &\nchild=$!\nsleep 0.1\nkill -9 $child\nwait $child\n')
     killer.chmod(0o755)
     monkeypatch.setenv(CHILD_PYTHON_ENV, str(killer))
     slow_start = ParityOptions(timeout_s=60.0)

@@ -37,4 +37,3 @@ def test_learned_table_reference_and_its_rank_limit(tmp_path: Path) -> None:
     print(f"task accuracy: fp32 {file_accuracy(plain.output):.4f}, by svd rank {scores}")
     assert file_accuracy(plain.output) == 1.0
     assert scores[8] >= 0.99 and scores[4] < 0.5  # rank 8 keeps the answers; rank 4 loses most
-

@@ -72,6 +72,7 @@ def stored_bytes(path: Path) -> int:
         numpy_helper.to_array(a.t).nbytes for n in model.graph.node for a in n.attribute if a.type == a.TENSOR
     )
 
+
 def test_input_bounds_follow_keras_hub_id_wrapping(family_model) -> None:
     """keras-hub wraps negative ids (SelectV2(ids < 0, ids + rows, ids)) before its lookups: the bounds
     must still come through, or verification would feed ids 0-1 only."""
