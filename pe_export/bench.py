@@ -22,7 +22,6 @@ from pe_export.inputs import generate_inputs
 from pe_export.runners import create_runner, first_installed_runner, runner_options
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision
 
-DEFAULT_RUNS, DEFAULT_WARMUP, DEFAULT_BATCH, DEFAULT_SEQ_LEN = BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN
 BENCH_SCHEMA_VERSION = 1
 BENCH_SCHEMA = {
     "schema": "pe-export-bench, integer version",
@@ -45,10 +44,10 @@ class BenchOptions:
     runtime: str | None = None
     providers: tuple[str, ...] = DEFAULT_PROVIDERS
     threads: int | None = None
-    batch: int = DEFAULT_BATCH
-    seq_len: int = DEFAULT_SEQ_LEN
-    runs: int = DEFAULT_RUNS
-    warmup: int = DEFAULT_WARMUP
+    batch: int = BENCH_BATCH
+    seq_len: int = BENCH_SEQ_LEN
+    runs: int = BENCH_RUNS
+    warmup: int = BENCH_WARMUP
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
     gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
     cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
