@@ -42,8 +42,9 @@ class Unavailable(Exception):
     """This machine cannot build images (not root, no engine, no archive): the tests skip with the reason."""
 
 
-def run(*args: str | Path, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False)
+def run(*args: str | Path, timeout: int = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False,
+                          env=None if env is None else {**os.environ, **env})  # fmt: skip
 
 
 def last_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -121,8 +122,11 @@ class ImageBuilds:
             raise Unavailable("building images needs root (dockerd, debootstrap, binfmt_misc)")
         needed = (("dockerd", "docker.io"), ("debootstrap", "debootstrap"))
         missing = [package for tool, package in needed if not shutil.which(tool)]
-        if missing:
-            installed = run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600)
+        if missing:  # a fresh machine may have no package lists yet
+            quiet = {"DEBIAN_FRONTEND": "noninteractive"}
+            run("apt-get", "update", "-qq", timeout=600, env=quiet)
+            installed = run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600,
+                            env=quiet)  # fmt: skip
             if installed.returncode != 0:
                 raise Unavailable(f"cannot install {', '.join(missing)}: {last_line(installed)}")
         if engine_answers():
