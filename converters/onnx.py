@@ -82,13 +82,15 @@ def convert_onnx(
         notes.append(f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
                      "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
                      "memory after loading stay float32's")  # fmt: skip
-    if prepared is not None and prepared.replacements and rebuild_tables_at_load(model, RUN_TIME_ZERO):
+    tables = len(prepared.replacements) if prepared is not None else 0
+    rebuilt = tables > 0 and rebuild_tables_at_load(model, RUN_TIME_ZERO) > 0
+    if rebuilt:
         notes.append(
-            f"{len(prepared.replacements)} table(s) stored compressed and rebuilt from constants only: onnxruntime "
+            f"{tables} table(s) stored compressed and rebuilt from constants only: onnxruntime "
             "folds the rebuild once when it creates the session (no per-call cost; with optimisations off it runs "
             "every call)"
         )
-    if options.quantize != "none" or (prepared is not None and prepared.replacements):
+    if options.quantize != "none" or rebuilt:
         check_onnx_model(model, f"{options.quantize} model" if options.quantize != "none" else "table rebuild")
     data = model.SerializeToString()
     check_onnxruntime_loads(data)

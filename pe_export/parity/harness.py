@@ -7,7 +7,6 @@ runtime that crashes or hangs is reported, not fatal; with ``isolate=False`` it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,8 @@ from pe_export.parity.result import ParityAssertionError, ParityOptions, ParityR
 __all__ = ["ParityAssertionError", "ParityOptions", "ParityReport", "assert_parity", "check_parity"]
 
 
-def check_parity(
-    model: Path, bundle_path: Path, options: ParityOptions | None = None, progress: Callable[[], None] | None = None
-) -> ParityReport:
-    """Check ``model`` against the bundle: in a child process unless ``options.isolate`` is False.
-
-    ``progress`` (in-process only) is called once the runtime has loaded the model and after every batch.
-    """
+def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None = None) -> ParityReport:
+    """Check ``model`` against the bundle: in a child process unless ``options.isolate`` is False."""
     options = options or ParityOptions()
     options.validate()
     if options.isolate:
@@ -31,7 +25,7 @@ def check_parity(
         return check_in_child(Path(model), Path(bundle_path), options)
     from pe_export.parity.inprocess import run_check
 
-    return run_check(Path(model), Path(bundle_path), options, progress)
+    return run_check(Path(model), Path(bundle_path), options)
 
 
 def assert_parity(model: Path | str, golden: Path | str, **options: Any) -> ParityReport:

@@ -100,12 +100,10 @@ class _TFLiteRunner(Runner):
         return {name: np.array(value) for name, value in outputs.items()}
 
     def input_specs(self) -> list[TensorSpec]:
-        specs = []
-        for name, detail in self._signature_runner.get_input_details().items():
-            signature = detail.get("shape_signature", detail["shape"])
-            shape = tuple(None if int(d) < 0 else int(d) for d in signature)
-            specs.append(TensorSpec(name, np.dtype(detail["dtype"]).name, shape))
-        return specs
+        return _specs(self._signature_runner.get_input_details())
+
+    def output_specs(self) -> list[TensorSpec]:
+        return _specs(self._signature_runner.get_output_details())
 
     def output_names(self) -> list[str]:
         return list(self._signature_runner.get_output_details())
@@ -113,6 +111,17 @@ class _TFLiteRunner(Runner):
     def deactivate(self) -> None:
         self._signature_runner = None
         self._interpreter = None
+
+
+def _specs(details: dict[str, Any]) -> list[TensorSpec]:
+    """A signature runner's tensor details as specs; -1 in the shape signature is a dynamic axis."""
+    specs = []
+    for name, detail in details.items():
+        signature = detail.get("shape_signature", detail["shape"])
+        specs.append(
+            TensorSpec(name, np.dtype(detail["dtype"]).name, tuple(None if int(d) < 0 else int(d) for d in signature))
+        )
+    return specs
 
 
 @register_runner("litert", (".tflite",))

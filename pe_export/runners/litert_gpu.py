@@ -117,26 +117,16 @@ class LiteRTGpuRunner(Runner):
         self._description = self._describe_compiled(self._model.is_fully_accelerated())
 
     def _read_signature(self) -> None:
-        """Names, dtypes and shapes of the first signature, read by the interpreter (which keeps -1 dims)."""
-        from ai_edge_litert.interpreter import Interpreter
+        """Names, dtypes and shapes of the first signature, read by the CPU interpreter (which keeps -1 dims
+        and says what is wrong with a file it cannot load)."""
+        from pe_export.runners.litert import LiteRTRunner
 
+        reader = LiteRTRunner(self.model_path)
+        reader.activate()
         try:
-            with capture_native_output():
-                interpreter = Interpreter(model_path=str(self.model_path))
-        except ValueError as err:
-            raise BadInputError(f"litert-gpu could not load {self.model_path.name}: {one_line(err)}") from err
-        signatures = interpreter.get_signature_list()
-        if not signatures:
-            raise BadInputError(f"{self.model_path.name} has no signature; expected a TFLite file with a signature def")
-        runner = interpreter.get_signature_runner(next(iter(signatures)))
-
-        def specs(details: dict[str, Any]) -> list[TensorSpec]:
-            def shape(dims: Any) -> tuple[int | None, ...]:
-                return tuple(None if int(d) < 0 else int(d) for d in dims)
-
-            return [TensorSpec(n, np.dtype(d["dtype"]).name, shape(d["shape_signature"])) for n, d in details.items()]
-
-        self._inputs, self._outputs = specs(runner.get_input_details()), specs(runner.get_output_details())
+            self._inputs, self._outputs = reader.input_specs(), reader.output_specs()
+        finally:
+            reader.deactivate()
         dynamic = [spec.describe() for spec in self._inputs if None in spec.shape]
         if dynamic:
             raise BadInputError(
