@@ -2,14 +2,13 @@
 
     python benchmarks/device_check.py [--device-python PATH] [--runs 7]
 
-The reference encoder is exported to .onnx and .tflite with a 16-sample golden bundle. Each command runs
-in a fresh process of a TF-free interpreter (the device venv that tests/test_device_extra.py caches, or
---device-python): wall time, and the peak of the summed resident memory of its whole process tree (polled
-every 2 ms), medians over --runs interleaved runs. The bare scripts are the ten lines a user would write
-instead: load the runtime, feed each batch, compare with the stored outputs. Polygraphy (`polygraphy run
+The tiny encoder (pe_export/encoders/tiny.py) is exported to .onnx and .tflite with a 16-sample golden bundle.
+Each command runs in a fresh process of a TF-free interpreter (the device venv that tests/test_device_extra.py
+caches, or --device-python): wall time, and the peak of the summed resident memory of its whole process tree
+(polled every 2 ms), medians over --runs interleaved runs. The bare scripts are the ten lines a user would
+write instead: load the runtime, feed each batch, compare with the stored outputs. Polygraphy (`polygraphy run
 --onnxrt --load-inputs --load-outputs`, the same comparison) is timed where it installs; it has no TFLite
-runner.
-"""
+runner."""
 
 from __future__ import annotations
 
@@ -27,9 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.encoders.tiny import build_encoder  # noqa: E402
 from pe_export.golden import GoldenOptions, make_golden  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
-from pe_export.reference.encoder import build_encoder  # noqa: E402
 from tests.helpers import cached_venv  # noqa: E402
 
 BARE = {

@@ -1,5 +1,5 @@
 """How far can a learned position table shrink? The shift-task encoder trained with a learned 64×32
-table (pe_export/reference/task.py, weights shipped), exported at every SVD rank the budget allows
+table (pe_export/encoders/task.py, weights shipped), exported at every SVD rank the budget allows
 and in every precision, each file run on 1,000 held-out task sequences: task accuracy side by side
 with file bytes, stored table bytes and the table's own error.
 
@@ -21,8 +21,8 @@ sys.path.insert(0, str(REPO))
 
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.encoders import task  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
-from pe_export.reference import task  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.tables.pipeline import TableOptions  # noqa: E402
 

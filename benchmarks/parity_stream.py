@@ -2,7 +2,7 @@
 
     python benchmarks/parity_stream.py [--device-python PATH]
 
-Builds the reference encoder, exports .tflite and .onnx, writes golden bundles of 100,
+Builds the tiny encoder (pe_export/encoders/tiny.py), exports .tflite and .onnx, writes golden bundles of 100,
 1,000 and 10,000 samples, and runs check_parity in a fresh process for each (model, bundle): peak
 RSS of the checking process and of its isolated runtime child, time to first result,
 total time, and the cold start (process start → first result). With --device-python (a
@@ -22,9 +22,9 @@ sys.path.insert(0, str(REPO))
 
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.encoders.tiny import build_encoder  # noqa: E402
 from pe_export.golden import GoldenOptions, make_golden  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
-from pe_export.reference.encoder import build_encoder  # noqa: E402
 from tests.helpers import measured_parity  # noqa: E402
 
 SAMPLE_COUNTS = (100, 1000, 10000)

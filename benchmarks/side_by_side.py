@@ -1,9 +1,9 @@
-"""The reference encoder in every runtime, side by side on this CPU, with ratios to TensorFlow;
+"""A deployment-sized sinusoid encoder in every runtime, side by side on this CPU, with ratios to TensorFlow;
 and pe-export's own conversion time against a bare converter call.
 
     python benchmarks/side_by_side.py [--runs 50] [--seq-len 128]
 
-Model: the deployment-sized encoder of pe_export.reference.variants.sinusoid_encoder (d=512,
+Model: the deployment-sized encoder of pe_export.encoders.variants.sinusoid_encoder (d=512,
 2 blocks, 8 heads, FFN 2048, 512×512 sinusoid table, dynamic sequence length), batch 1.
 Latency is the median of --runs single-threaded calls on the same runners `pe-export bench`
 uses, after 10 warm-up calls.
@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.bench import time_calls  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.encoders.variants import sinusoid_encoder  # noqa: E402
 from pe_export.native import capture_native_output, import_tensorflow  # noqa: E402
-from pe_export.reference.variants import sinusoid_encoder  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.runners.savedmodel import SavedModelRunner  # noqa: E402
 from pe_export.tables.pipeline import TableOptions  # noqa: E402

@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO))
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.bench import time_calls  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.encoders.variants import sinusoid_constant, sinusoid_encoder  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
-from pe_export.reference.variants import sinusoid_constant, sinusoid_encoder  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.tables.pipeline import TableOptions  # noqa: E402
 

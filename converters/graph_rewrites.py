@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.tables.detect import const_value
+from pe_export.graphdef import DT_INT32, DT_INT64, GraphIndex, const_value, node_name
 
 SLICE_FLEX_OP = "FlexStridedSlice"
 
@@ -44,13 +44,13 @@ def new_axis_slices_to_expand_dims(graph_def: Any) -> tuple[Any, int]:
             name = node.name if last else f"{node.name}/new_axis_{step}"
             axis_node = rewritten.node.add()
             axis_node.name, axis_node.op = f"{node.name}/new_axis_{step}/axis", "Const"
-            axis_node.attr["dtype"].type = 3  # int32
+            axis_node.attr["dtype"].type = DT_INT32
             axis_node.attr["value"].tensor.CopyFrom(_int32_scalar(axis))
             expand = rewritten.node.add()
             expand.name, expand.op = name, "ExpandDims"
             expand.input.extend([current, axis_node.name])
             expand.attr["T"].type = plan.dtype
-            expand.attr["Tdim"].type = 3
+            expand.attr["Tdim"].type = DT_INT32
             if node.device:
                 expand.device = node.device
             current = name
@@ -63,7 +63,7 @@ def _plan(node: Any, nodes: dict[str, Any]) -> _AxisPlan | None:
         return None
     if len(node.input) != 4 or any(name.startswith("^") for name in node.input):
         return None
-    specs = [nodes.get(name.split(":")[0]) for name in node.input[1:]]
+    specs = [nodes.get(node_name(name)) for name in node.input[1:]]
     if any(spec is None or spec.op != "Const" for spec in specs):
         return None
     begin, _end, strides = (np.asarray(const_value(spec)).reshape(-1) for spec in specs)
@@ -92,14 +92,13 @@ def _int32_scalar(value: int) -> Any:
     from tensorflow.core.framework import tensor_pb2
 
     tensor = tensor_pb2.TensorProto()
-    tensor.dtype = 3
+    tensor.dtype = DT_INT32
     tensor.int_val.append(value)
     return tensor
 
 
 # TFLite has ABS and SIGN for int32 (and floats) only: int64 ones become FlexAbs / FlexSign.
 INT32_ONLY_OPS = {"Abs": "FlexAbs", "Sign": "FlexSign"}
-_INT64, _INT32 = 9, 3
 
 
 def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
@@ -110,28 +109,28 @@ def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
     keeps its name and dtype for its consumers: Cast(int64→int32) → op → Cast(int32→int64).
     """
 
-    from pe_export.tables.uses import GraphIndex, index_origin
+    from pe_export.tables.uses import index_origin
 
     graph = GraphIndex(graph_def)
     targets = {
         node.name
         for node in graph_def.node
         if node.op in INT32_ONLY_OPS
-        and node.attr["T"].type == _INT64
+        and node.attr["T"].type == DT_INT64
         and index_origin(graph, node.input[0])[0] in ("range", "distance")
     }
     if not targets:
         return graph_def, 0
 
     def through_int32(rewritten: Any, node: Any) -> None:
-        narrow = _cast(rewritten.node.add(), f"{node.name}/to_int32", node.input[0], _INT64, _INT32)
+        narrow = _cast(rewritten.node.add(), f"{node.name}/to_int32", node.input[0], DT_INT64, DT_INT32)
         core = rewritten.node.add()
         core.CopyFrom(node)
         core.name = f"{node.name}/int32"
         del core.input[:]
         core.input.extend([narrow.name, *node.input[1:]])
-        core.attr["T"].type = _INT32
-        _cast(rewritten.node.add(), node.name, core.name, _INT32, _INT64)
+        core.attr["T"].type = DT_INT32
+        _cast(rewritten.node.add(), node.name, core.name, DT_INT32, DT_INT64)
 
     return _rewrite_nodes(graph_def, targets, through_int32), len(targets)
 

@@ -8,19 +8,18 @@ from pathlib import Path
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
     MAX_BATCH,
+    MAX_ONNX_OPSET,
     MAX_SEQ_LEN,
     MIN_ONNX_OPSET,
     ONNX_QUANTIZE_MODES,
     PRECISION_OF_QUANTIZE,
     TFLITE_QUANTIZE_MODES,
 )
-from pe_export.errors import BadInputError
+from pe_export.errors import BadInputError, check_range
 from pe_export.parity.tolerances import Tolerance, tolerance_for
-from pe_export.specs import TensorSpec
+from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec
 from pe_export.tables.pipeline import TableOptions
 from pe_export.text_inputs import TextInputs
-
-BATCH_AXIS, SEQUENCE_AXIS = 0, 1
 
 
 @dataclass(frozen=True)
@@ -54,23 +53,23 @@ class ExportOptions:
         tolerance = tolerance_for(self.precision)
         return tolerance if self.min_cosine is None else replace(tolerance, min_cosine=self.min_cosine)
 
-    def validate(self, target: str) -> None:
+    def validate(self, file_format: str) -> None:
         self.tables.validate()
         if self.text is not None and self.inputs is not None:
             raise BadInputError("--text and --inputs both give the inputs to judge on; pass one of them")
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
-        modes = TFLITE_QUANTIZE_MODES if target == "tflite" else ONNX_QUANTIZE_MODES
+        modes = TFLITE_QUANTIZE_MODES if file_format == "tflite" else ONNX_QUANTIZE_MODES
         if self.quantize not in modes:
             raise BadInputError(
-                f"--quantize {self.quantize!r} is not available for {target}; expected one of: {', '.join(modes)}"
+                f"--quantize {self.quantize!r} is not available for {file_format}; expected one of: {', '.join(modes)}"
             )
         if self.seq_len is not None and self.dynamic_seq:
             raise BadInputError("--seq-len and --dynamic-seq contradict each other; give one of them")
-        _check_range("--seq-len", self.seq_len, MAX_SEQ_LEN)
-        _check_range("--batch", self.batch, MAX_BATCH)
-        if target == "onnx" and not MIN_ONNX_OPSET <= self.opset <= 23:
-            raise BadInputError(f"--opset {self.opset} is out of range; expected {MIN_ONNX_OPSET}..23")
+        check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
+        check_range("--batch", self.batch, 1, MAX_BATCH)
+        if file_format == "onnx":
+            check_range("--opset", self.opset, MIN_ONNX_OPSET, MAX_ONNX_OPSET)
 
     def export_specs(self, specs: list[TensorSpec]) -> list[TensorSpec]:
         """The SavedModel's input specs with the requested batch and sequence axes applied.
@@ -100,8 +99,3 @@ def _retarget(spec: TensorSpec, axis: int, size: int | None, flag: str, what: st
             f"drop {flag}, or re-export the Keras model with a dynamic axis (keras.Input(shape=(None,)))"
         )
     return spec.with_axis(axis, size)
-
-
-def _check_range(flag: str, value: int | None, maximum: int) -> None:
-    if value is not None and not 1 <= value <= maximum:
-        raise BadInputError(f"{flag} {value} is out of range; expected an integer from 1 to {maximum}")

@@ -19,11 +19,11 @@ from pe_export.converters.graph_rewrites import (
 from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
+from pe_export.graphdef import concrete_from_graph_def
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
 from pe_export.native import capture_native_output, import_tensorflow
 from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
 from pe_export.specs import TensorSpec
-from pe_export.tables.graph import concrete_from_graph_def
 from pe_export.tables.pipeline import PreparedGraph
 
 _ERROR_LINE = re.compile(r"error: (.+)")

@@ -22,11 +22,11 @@ from pe_export.fileio import check_output_path, publish, staged_file, write_stag
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
-from pe_export.parity.check import ParityResult, compare_runners
+from pe_export.parity.result import ParityReport
 from pe_export.parity.tolerances import tolerance_for
 from pe_export.provenance import embed_onnx_metadata, embed_tflite_metadata, provenance_entries
-from pe_export.runners import create_runner, first_installed_runner
-from pe_export.specs import TensorSpec, concrete_shape
+from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_runner
+from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape
 
 if TYPE_CHECKING:
     from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class ExportReport:
-    target: str  # "tflite" or "onnx"
+    file_format: str  # "tflite" or "onnx"
     source: Path
     output: Path
     signature: str
     input_specs: list[TensorSpec]
     options: ExportOptions
     summary: ModelSummary
-    parity: ParityResult | None = None
+    parity: ParityReport | None = None
     unverified_reason: str | None = None
     converter_log: str = ""
     tables: list[TableResult] = field(default_factory=list)
@@ -69,7 +69,6 @@ class ExportReport:
         """Raise the error that the exit code stands for; return quietly when it is OK."""
         if self.exit_code == ExitCode.PARITY_FAILED:
             assert self.parity is not None
-            case, worst = self.parity.failures()[0]
             lossy = ", ".join(f"{t.table.name} ({t.method}, table error {t.max_error:.3g})" for t in self.lossy_tables)
             if self.kept_failed is not None:
                 what = f"{self.output} was not written; the failing file is kept as {self.kept_failed} (--keep-failed):"
@@ -78,16 +77,10 @@ class ExportReport:
                         f"{failed_output_path(self.output).name}):")  # fmt: skip
             if lossy:
                 raise ParityError(
-                    f"{what} lossy table compression breaks parity: {lossy}; output {worst.name!r} max abs error "
-                    f"{worst.max_abs:.3g} over atol {self.parity.tolerance.atol:g}. Use a larger --compress, "
-                    "--compress-method angle where the table is a sinusoid, or --allow-lossy"
+                    f"{what} lossy table compression breaks parity ({lossy}): {self.parity.failure_message()}. "
+                    "Use a larger --compress, --compress-method angle where the table is a sinusoid, or --allow-lossy"
                 )
-            raise ParityError(
-                f"{what} it does not match the TensorFlow float32 reference: output "
-                f"{worst.name!r} ({case} inputs) max abs error {worst.max_abs:.3g}, {worst.cosines()} "
-                f"(tolerance atol {self.parity.tolerance.atol:g}, rtol {self.parity.tolerance.rtol:g}, "
-                f"cosine ≥ {self.parity.tolerance.min_cosine:g})"
-            )
+            raise ParityError(f"{what} {self.parity.failure_message()}")
         if self.exit_code == ExitCode.RUNTIME_UNAVAILABLE:
             raise RuntimeUnavailableError(
                 f"{self.output} was written but not verified: {self.unverified_reason}; pass --no-verify to "
@@ -108,24 +101,24 @@ def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, 
     return _export("onnx", _export_onnx, saved_model, output, options, quiet)
 
 
-def _export(target: str, export: Any, given: Path, output: Path | None, options: ExportOptions,
+def _export(file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions,
             quiet: bool) -> ExportReport:  # fmt: skip
     from pe_export.sources import model_source
 
-    output = default_output_path(given, target) if output is None else Path(output)
-    options.validate(target)
-    check_output_path(output, overwrite=options.overwrite, suffix=f".{target}")  # before a .keras is exported
+    output = default_output_path(given, file_format) if output is None else Path(output)
+    options.validate(file_format)
+    check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
         report = _judged_by_accuracy(export, source, output, options, quiet)
     report.source = Path(given)
     return report
 
 
-def default_output_path(saved_model: Path, target: str) -> Path:
-    """Where an export goes without -o: ``<model folder name>.<target>`` (``<name>.keras`` → ``<name>``) here."""
+def default_output_path(saved_model: Path, file_format: str) -> Path:
+    """Where an export goes without -o: ``<model folder name>.<file_format>`` (``<name>.keras`` → ``<name>``) here."""
     from pe_export.sources import output_stem
 
-    return Path(f"{output_stem(saved_model)}.{target}")
+    return Path(f"{output_stem(saved_model)}.{file_format}")
 
 
 def failed_output_path(output: Path) -> Path:
@@ -142,8 +135,8 @@ def _judged_by_accuracy(export: Any, source: ModelSource, output: Path, options:
     chosen = report.lossy_tables if options.tables.method == "auto" else []
     if report.exit_code != ExitCode.PARITY_FAILED or not chosen or options.tables.allow_lossy:
         return report
-    assert report.parity is not None
-    _, worst = report.parity.failures()[0]
+    worst = report.parity.worst_failure() if report.parity is not None else None
+    assert worst is not None
     keep = tuple(t.table.node for t in chosen)
     if report.kept_failed is not None:  # superseded by the file made again
         report.kept_failed.unlink(missing_ok=True)
@@ -169,7 +162,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             feeds, valid = job.check_feeds()
             (feed,), (rows,) = feeds.values(), valid.values()
             for row in range(rows.shape[0]):
-                length = int(rows[row].sum()) if job.specs[0].shape[1] is None else rows.shape[1]
+                length = int(rows[row].sum()) if job.specs[0].dynamic_length else rows.shape[SEQUENCE_AXIS]
                 yield {name: array[row : row + 1, :length] for name, array in feed.items()}
             return
         for seed in range(CALIBRATION_SAMPLES):
@@ -221,7 +214,7 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
 
 @dataclass
 class _Job:
-    target: str
+    file_format: str
     source: Path  # the SavedModel folder read (a temporary export of a .keras file or checkpoint)
     output: Path
     options: ExportOptions
@@ -291,7 +284,7 @@ class _Job:
         return input_bounds(self.frozen)
 
 
-def _prepare(target: str, source: ModelSource, output: Path, options: ExportOptions) -> _Job:
+def _prepare(file_format: str, source: ModelSource, output: Path, options: ExportOptions) -> _Job:
     from pe_export.savedmodel import (
         FrozenSignature,
         load_savedmodel,
@@ -314,7 +307,7 @@ def _prepare(target: str, source: ModelSource, output: Path, options: ExportOpti
     if options.tables.rewrites or folds_relative_gather(frozen):
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
-    job = _Job(target, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared,
+    job = _Job(file_format, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared,
                given=source.given)  # fmt: skip
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
@@ -364,21 +357,20 @@ def verification_feeds(
 
     ``seq_len`` sizes a dynamic sequence axis; a fixed one keeps the model's length.
     """
-    shape = concrete_shape(specs[0], VERIFY_BATCH, seq_len) if specs else ()
-    batch = shape[0] if shape else VERIFY_BATCH
-    seq_len = shape[1] if len(shape) > 1 else seq_len
     feeds, valid = {}, {}
     for case, padded in (("random", False), ("padded", True)):
-        feeds[case] = generate_inputs(specs, bounds, batch=batch, seq_len=seq_len, seed=VERIFY_SEED, padded=padded)
-        valid[case] = valid_positions(batch, seq_len, padded=padded)
+        feeds[case] = generate_inputs(specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=VERIFY_SEED,
+                                      padded=padded)  # fmt: skip
+        batch, length = feed_shape(feeds[case]) or (VERIFY_BATCH, seq_len)  # a fixed shape keeps its own
+        valid[case] = valid_positions(batch, length, padded=padded)
     return feeds, valid
 
 
 def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list[str] | None = None) -> ExportReport:
-    """Stage the file beside its target, verify it there, and only then put it at the output path: a file
+    """Stage the file beside its output path, verify it there, and only then put it at the output path: a file
     that fails verification, or a run interrupted before the end, leaves nothing at the output."""
     report = ExportReport(
-        job.target, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
+        job.file_format, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
         tables=job.prepared.results if job.prepared else [], notes=notes or [],
     )  # fmt: skip
     with staged_file(job.output) as staged:
@@ -402,19 +394,43 @@ def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:
     if not runnable:
         report.unverified_reason = f"no pip runtime runs it ({report.summary.runs_on[0].why})"
     elif runner_name is None:
-        report.unverified_reason = (
-            f"no runtime for {job.output.suffix} files is installed (pip install 'pe-export[device]')"
-        )
+        report.unverified_reason = f"no runtime for {job.output.suffix} files is installed ({NO_RUNTIME_FIX})"
     else:
         report.parity = verify_export(job, runner_name, staged)
 
 
-def verify_export(job: _Job, runner_name: str, path: Path) -> ParityResult:
+def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
+    """The staged file against the SavedModel on the check's inputs, each case judged on its own: the
+    reference's outputs make an in-memory bundle, compared by the loop `pe-export parity` runs."""
+    import time
+
+    from pe_export.parity.bundle import reference_batches
+    from pe_export.parity.compare import compare_batches
     from pe_export.runners.savedmodel import SavedModelRunner
 
-    precision = job.options.precision
     feeds, valid = job.check_feeds()
-    tolerance = job.options.tolerance
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
-    with reference, create_runner(runner_name, path) as candidate:
-        return compare_runners(reference, candidate, feeds, precision=precision, tolerance=tolerance, valid=valid)
+    with reference:
+        batches = list(reference_batches(reference, ((feeds[case], valid[case]) for case in feeds), feeds))
+    tolerances = {name: job.options.tolerance for name in sorted(batches[0].outputs)}
+    started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
+    with create_runner(runner_name, path) as candidate:
+        load_s = time.perf_counter() - started
+        outputs = compare_batches(candidate, batches, tolerances, model_name=job.output.name,
+                                  progress=lambda: done.append(time.perf_counter() - started))  # fmt: skip
+        runtime = candidate.describe()
+    shape = feed_shape(batches[0].inputs)
+    return ParityReport(
+        model=job.output,
+        bundle=None,
+        runtime=runtime,
+        precision=job.options.precision,
+        digest="match",  # the file was made from this SavedModel
+        tolerances=tolerances,
+        outputs=outputs,
+        samples=sum(batch.valid.shape[0] for batch in batches),
+        load_s=load_s,
+        first_result_s=done[0],
+        total_s=done[-1],
+        positions=shape[1] if shape else None,
+    )

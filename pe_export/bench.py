@@ -16,11 +16,22 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.constants import BENCH_BATCH, BENCH_RUNS, BENCH_SEQ_LEN, BENCH_WARMUP
-from pe_export.errors import BadInputError, RuntimeUnavailableError
+from pe_export.constants import (
+    BENCH_BATCH,
+    BENCH_RUNS,
+    BENCH_SEQ_LEN,
+    BENCH_WARMUP,
+    MAX_BATCH,
+    MAX_RUNS,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_WARMUP,
+)
+from pe_export.errors import BadInputError, check_range
 from pe_export.inputs import generate_inputs
-from pe_export.runners import create_runner, first_installed_runner, runner_options
+from pe_export.runners import create_runner, resolve_runtime, runner_options
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision
+from pe_export.specs import feed_shape
 
 BENCH_SCHEMA_VERSION = 1
 BENCH_SCHEMA = {
@@ -54,13 +65,11 @@ class BenchOptions:
 
     def validate(self) -> None:
         check_gpu_precision(self.gpu_precision)
-        for flag, value, low, high in (
-            ("--batch", self.batch, 1, 1 << 16), ("--seq-len", self.seq_len, 1, 1 << 20),
-            ("--runs", self.runs, 1, 10_000_000), ("--warmup", self.warmup, 0, 1_000_000),
-            ("--threads", self.threads, 1, 1024),
-        ):  # fmt: skip
-            if value is not None and not low <= value <= high:
-                raise BadInputError(f"{flag} {value} is out of range; expected {low} to {high}")
+        check_range("--batch", self.batch, 1, MAX_BATCH)
+        check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
+        check_range("--runs", self.runs, 1, MAX_RUNS)
+        check_range("--warmup", self.warmup, 0, MAX_WARMUP)
+        check_range("--threads", self.threads, 1, MAX_THREADS)
 
 
 @dataclass
@@ -120,8 +129,7 @@ def time_calls(
 
 def _feed_batch_and_length(feed: dict[str, np.ndarray], options: BenchOptions) -> tuple[int, int]:
     """What the model is really fed: a fixed-shape model keeps its own batch and length, not the options'."""
-    shaped = [array.shape for array in feed.values() if array.ndim >= 2]
-    return (shaped[0][0], shaped[0][1]) if shaped else (options.batch, options.seq_len)
+    return feed_shape(feed) or (options.batch, options.seq_len)
 
 
 def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int], None] | None = None) -> BenchResult:
@@ -129,11 +137,7 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
     model = Path(model)
     if not model.is_file():
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
-    runtime = options.runtime or first_installed_runner(model)
-    if runtime is None:
-        raise RuntimeUnavailableError(
-            f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
-        )
+    runtime = resolve_runtime(model, options.runtime)
     extra = runner_options(
         runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
         gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,

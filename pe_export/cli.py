@@ -180,17 +180,17 @@ def _list_tables(saved_model: Path, options: Any) -> int:
 
 
 def _print_export(report: Any, verbose: bool) -> int:
-    from pe_export.report import format_parity, format_summary, format_tables
+    from pe_export.report import format_parity_report, format_summary, format_tables
 
     if verbose and report.converter_log.strip():
         click.echo(report.converter_log.rstrip(), err=True)
-    lines = [f"pe-export {report.target}: {report.source} → {report.output}"]
+    lines = [f"pe-export {report.file_format}: {report.source} → {report.output}"]
     lines += format_summary(report.summary)
     lines += [f"  note: {note}" for note in report.notes]
     if report.tables:
         lines += format_tables(report.tables)
     if report.parity is not None:
-        lines += format_parity(report.parity)
+        lines += [f"  {line}" for line in format_parity_report(report.parity)]
     click.echo("\n".join(lines))
     report.raise_for_status()
     verdict = "verified" if report.parity is not None else "not verified (--no-verify)"
@@ -426,7 +426,7 @@ def targets() -> int:
 @click.option("--overwrite", is_flag=True, help="Replace the demo's file names in a folder it did not make.")
 @click.pass_context
 def demo(ctx: click.Context, out: Path | None, overwrite: bool) -> int:
-    """Export the bundled reference encoder to TFLite and ONNX (fp32, fp16, int8) and verify each."""
+    """Export the bundled task encoder to TFLite and ONNX (fp32, fp16, int8) and verify each."""
     from pe_export.demo import DEFAULT_DEMO_DIR, run_demo
     from pe_export.report import format_demo
 

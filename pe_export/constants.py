@@ -5,6 +5,7 @@ from __future__ import annotations
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_ONNX_OPSET = 17
 MIN_ONNX_OPSET = 13  # tf2onnx and onnxruntime's quantizer both need 13+
+MAX_ONNX_OPSET = 23  # the newest tf2onnx targets
 
 TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
 ONNX_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "weight-int8")
@@ -35,8 +36,13 @@ DEFAULT_TIMEOUT_S = 120.0
 
 TABLE_DTYPES = ("float32", "float16")  # storage precisions of position tables
 
-MAX_SEQ_LEN = 1 << 20  # a sequence-length option beyond this is a typo, not a model
+# Bounds of the numeric options (errors.check_range): a value beyond them is a typo, not a model.
+MAX_SEQ_LEN = 1 << 20
 MAX_BATCH = 1 << 16
+MAX_THREADS = 1024
+MAX_SAMPLES = 1_000_000  # golden --samples
+MAX_RUNS, MAX_WARMUP = 10_000_000, 1_000_000  # bench
+MAX_COMPRESS = 1 << 16  # values stored per position
 
 # Golden bundles.
 GOLDEN_SAMPLES = 16

@@ -1,6 +1,6 @@
-"""`pe-export demo`: the whole path on the bundled, trained reference encoder, in one command.
+"""`pe-export demo`: the whole path on the bundled, trained task encoder, in one command.
 
-Loads the shift-task encoder (pe_export/reference/task.py), exports it to TFLite and ONNX
+Loads the shift-task encoder (pe_export/encoders/task.py), exports it to TFLite and ONNX
 in several precisions, with exact table compression and with the source write-up's lossy
 recipe, makes a golden bundle of task samples with their labels, checks every variant on
 every installed runtime, times each, and writes report.json and a per-position error plot.
@@ -111,7 +111,7 @@ class DemoResult:
 # is the user's, and is not written into without --overwrite.
 DEMO_MARKER = ".pe-export-demo"
 DEMO_OUTPUTS = (
-    "reference_encoder",
+    "task_encoder",
     "learned_table_encoder",
     "golden",
     "golden_learned",
@@ -154,11 +154,11 @@ def run_demo(
     quiet: bool = True,
     overwrite: bool = False,
 ) -> DemoResult:
+    from pe_export.encoders import task
     from pe_export.fileio import folder_mode
     from pe_export.golden import GoldenOptions, make_golden
     from pe_export.native import import_tensorflow
     from pe_export.parity.bundle import IGNORED_LABEL
-    from pe_export.reference import task
 
     directory = Path(directory)
     check_demo_folder(directory, overwrite=overwrite)
@@ -167,8 +167,8 @@ def run_demo(
     steps = 3 + len(DEMO_VARIANTS)
     say = progress or (lambda _message: None)
     import_tensorflow()
-    say(f"[1/{steps}] loading the trained reference encoder (shift task, {task.WEIGHTS.stat().st_size:,} B of weights)")
-    saved_model, learned_model = directory / "reference_encoder", directory / "learned_table_encoder"
+    say(f"[1/{steps}] loading the trained task encoder (shift task, {task.WEIGHTS.stat().st_size:,} B of weights)")
+    saved_model, learned_model = directory / "task_encoder", directory / "learned_table_encoder"
     task.load_trained_model().export(str(saved_model), verbose=False)
     task.load_trained_model(task.LEARNED_WEIGHTS, table_kind="learned").export(str(learned_model), verbose=False)
 

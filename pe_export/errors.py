@@ -78,6 +78,12 @@ def missing_extra(package: str, extra: str) -> RuntimeUnavailableError:
     return RuntimeUnavailableError(f"{package} is not installed; install it with: pip install 'pe-export[{extra}]'")
 
 
+def check_range(flag: str, value: float | None, low: float, high: float, unit: str = "") -> None:
+    """The one check of a numeric option: ``value`` (None: not given) must lie in [low, high]."""
+    if value is not None and not low <= value <= high:
+        raise BadInputError(f"{flag} {value:g} is out of range; expected {low:g} to {high:g}{unit}")
+
+
 def one_line(error: BaseException) -> str:
     """An exception's first non-empty line, or its type's name when it has no message (never IndexError)."""
     for line in str(error).splitlines():

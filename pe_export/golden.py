@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import os
 import platform
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from pe_export import __version__
-from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MAX_BATCH, MAX_SEQ_LEN
-from pe_export.errors import BadInputError, OutputExistsError
-from pe_export.fileio import folder_mode
+from pe_export.constants import GOLDEN_BATCH, GOLDEN_SAMPLES, GOLDEN_SEQ_LEN, MAX_BATCH, MAX_SAMPLES, MAX_SEQ_LEN
+from pe_export.errors import BadInputError, OutputExistsError, check_range
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
-from pe_export.interrupts import raise_if_interrupted
-from pe_export.parity.bundle import (
-    BUNDLE_FORMAT,
-    BUNDLE_VERSION,
-    INPUT_PREFIX,
-    LABEL_PREFIX,
-    MANIFEST,
-    OUTPUT_PREFIX,
-    VALID_KEY,
-    file_sha256,
-    read_npz,
-)
-from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+from pe_export.parity.bundle import Batch, read_npz, reference_batches, write_bundle
 from pe_export.sources import ModelSource
-from pe_export.specs import TensorSpec, concrete_shape
+from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape, fixed_length
 from pe_export.text_inputs import TextInputs, text_feed
-
-MAX_SAMPLES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -55,13 +36,9 @@ class GoldenOptions:
             raise BadInputError("--labels needs --inputs: labels are only meaningful for inputs you chose")
         if self.text is not None and self.inputs is not None:
             raise BadInputError("--text and --inputs both give the inputs; pass one of them")
-        for flag, value, maximum in (
-            ("--samples", self.samples, MAX_SAMPLES),
-            ("--batch", self.batch, MAX_BATCH),
-            ("--seq-len", self.seq_len, MAX_SEQ_LEN),
-        ):
-            if value is not None and not 1 <= value <= maximum:
-                raise BadInputError(f"{flag} {value} is out of range; expected an integer from 1 to {maximum}")
+        check_range("--samples", self.samples, 1, MAX_SAMPLES)
+        check_range("--batch", self.batch, 1, MAX_BATCH)
+        check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
 
 
 @dataclass(frozen=True)
@@ -108,7 +85,7 @@ def _make_golden(
     model_specs = signature_input_specs(signature)
     frozen = FrozenSignature(signature, model_specs)  # one freeze for the table length and the input bounds
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
-    if options.seq_len is not None and _fixed_seq_len(model_specs) is None:
+    if options.seq_len is not None and fixed_length(model_specs) is None:
         rows = position_rows(loaded, frozen)
         if rows is not None and options.seq_len > rows:
             raise BadInputError(
@@ -118,7 +95,7 @@ def _make_golden(
             )
     seq_len = (
         options.seq_len
-        or _fixed_seq_len(model_specs)
+        or fixed_length(model_specs)
         or _user_seq_len(user_arrays)
         or checked_length(loaded, frozen)
         or GOLDEN_SEQ_LEN
@@ -127,8 +104,8 @@ def _make_golden(
     text = None
     if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
         text = text_feed(model_specs, bounds, options.text, source.given, checked_length(loaded, frozen))
-        seq_len = text[1].shape[1]
-    specs = [_sized(spec, seq_len) for spec in model_specs]
+        seq_len = text[1].shape[SEQUENCE_AXIS]
+    specs = [spec.at_length(seq_len) for spec in model_specs]
     if text is not None:
         batches = _rows_in_batches(*text, options.batch)
     elif options.inputs and user_arrays is not None:
@@ -137,70 +114,34 @@ def _make_golden(
         batches = _generated_batches(specs, bounds, options, seq_len)
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
     labels = _user_labels(options.labels, output_specs, user_arrays) if options.labels else {}
-    reference = SavedModelRunner(saved_model, signature=options.signature, loaded=loaded)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
-    try:
-        os.chmod(work, folder_mode())  # mkdtemp makes 0700: a bundle is for other users (the device images) too
-        (work / "batches").mkdir(mode=folder_mode())
-        entries, total = [], 0
-        with reference:
-            for index, (feed, valid) in enumerate(batches):
-                raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops the bundle
-                outputs = reference.infer(feed)
-                name = f"batches/{index:05d}.npz"
-                arrays = {f"{INPUT_PREFIX}{k}": v for k, v in feed.items()}
-                arrays.update({f"{OUTPUT_PREFIX}{k}": v for k, v in outputs.items()})
-                rows = valid.shape[0]
-                arrays.update({f"{LABEL_PREFIX}{k}": v[total : total + rows] for k, v in labels.items()})
-                arrays[VALID_KEY] = valid
-                np.savez(work / name, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds as allow_pickle
-                samples = int(valid.shape[0])
-                entries.append({"file": name, "samples": samples, "sha256": file_sha256(work / name)})
-                total += samples
-                if progress:
-                    progress(total, options.samples if not (options.inputs or text) else total)
-        digest = source.digest
-        manifest = {
-            "format": BUNDLE_FORMAT,
-            "version": BUNDLE_VERSION,
-            "created_by": _versions(),
-            "model": {
+    expected = options.samples if not (options.inputs or text) else None
+    with SavedModelRunner(saved_model, signature=options.signature, loaded=loaded) as reference:
+        total, count = write_bundle(
+            output,
+            _labelled(reference_batches(reference, batches), labels),
+            model={
                 "path": str(source.given),
-                "digest": digest,
+                "digest": source.digest,
                 "signature": loaded.resolve_signature_name(options.signature),
             },
-            "inputs": [_entry(spec) for spec in specs],
-            "outputs": [_entry(_sized(output_specs[name], seq_len)) for name in sorted(output_specs)],
-            "padding": "batches/*.npz 'valid' marks real tokens; padded positions are left out of parity",
-            "batches": entries,
-            "samples": total,
-            "seq_len": seq_len,
-            "tolerances": {name: vars(tol) for name, tol in DEFAULT_TOLERANCES.items()},
-            "labels": sorted(labels),
-        }
-        (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _publish(work, output)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            inputs=specs,
+            outputs=[output_specs[name].at_length(seq_len) for name in sorted(output_specs)],
+            seq_len=seq_len,
+            created_by=_versions(),
+            labels=labels,
+            progress=None if progress is None else lambda done: progress(done, expected or done),
+        )
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
-    return GoldenResult(output, total, len(entries), size, digest, seq_len)
+    return GoldenResult(output, total, count, size, source.digest, seq_len)
 
 
-def _fixed_seq_len(specs: list[TensorSpec]) -> int | None:
-    lengths = {spec.shape[1] for spec in specs if len(spec.shape) > 1 and spec.shape[1] is not None}
-    return lengths.pop() if len(lengths) == 1 else None
-
-
-def _sized(spec: TensorSpec, seq_len: int) -> TensorSpec:
-    """Batch stays dynamic (None); a dynamic sequence axis takes the bundle's length."""
-    spec = spec.with_axis(0, None)
-    if len(spec.shape) > 1 and spec.shape[1] is None:
-        spec = spec.with_axis(1, seq_len)
-    return spec
-
-
-def _entry(spec: TensorSpec) -> dict[str, object]:
-    return {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)}
+def _labelled(batches: Iterator[Batch], labels: dict[str, np.ndarray]) -> Iterator[Batch]:
+    """Each batch with its rows of the task labels (the labels hold every sample, in order)."""
+    done = 0
+    for batch in batches:
+        rows = batch.valid.shape[0]
+        yield replace(batch, labels={name: array[done : done + rows] for name, array in labels.items()})
+        done += rows
 
 
 def _generated_batches(
@@ -212,8 +153,8 @@ def _generated_batches(
         batch = min(options.batch, options.samples - done)
         padded = index % 2 == 1  # alternate full-length and padded batches
         feed = generate_inputs(specs, bounds, batch=batch, seq_len=seq_len, seed=options.seed + index, padded=padded)
-        shape = concrete_shape(specs[0], batch, seq_len)
-        yield feed, valid_positions(shape[0], shape[1] if len(shape) > 1 else 1, padded=padded)
+        rows, length = feed_shape(feed) or (batch, 1)
+        yield feed, valid_positions(rows, length, padded=padded)
         done += batch
         index += 1
 
@@ -242,7 +183,7 @@ def _rows_in_batches(
 
 
 def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:
-    lengths = {array.shape[1] for array in (arrays or {}).values() if array.ndim > 1}
+    lengths = {array.shape[SEQUENCE_AXIS] for array in (arrays or {}).values() if array.ndim > SEQUENCE_AXIS}
     return lengths.pop() if len(lengths) == 1 else None
 
 
@@ -288,17 +229,6 @@ def user_batches(
         else:
             valid = np.ones(first[start : start + batch].shape[:2], dtype=bool)
         yield part, valid
-
-
-def _publish(work: Path, output: Path) -> None:
-    """Move the finished bundle into place; an old one is replaced only after the new one is whole."""
-    if output.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
-        os.replace(output, trash / output.name)
-        os.replace(work, output)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(work, output)
 
 
 def _versions() -> dict[str, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pe_export.specs import TensorSpec, concrete_shape
+from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec, concrete_shape
 
 MASK_WORDS = ("mask",)
 # Upper bound used when the model does not reveal an integer input's range.
@@ -58,8 +58,8 @@ def generate_inputs(
                 array = rng.integers(low, high, size=shape, dtype=np.int64)
         else:
             array = rng.standard_normal(shape)  # type: ignore[assignment]  # int ids or float features
-        if padded and len(shape) >= 2:
-            for row, length in enumerate(padded_lengths(shape[0], shape[1])):
+        if padded and spec.has_sequence:
+            for row, length in enumerate(padded_lengths(shape[BATCH_AXIS], shape[SEQUENCE_AXIS])):
                 array[row, length:] = 0
         feed[spec.name] = array.astype(dtype)
     return feed

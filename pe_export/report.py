@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: formatting a parity report must not load numpy (parity/supervisor.py)
     from pe_export.inspection.summary import ModelSummary
-    from pe_export.parity.check import ParityResult
-    from pe_export.parity.result import ParityReport
+    from pe_export.parity.result import OutputMetrics, ParityReport
 
 TOP_OPS_SHOWN = 12
 
@@ -44,26 +43,7 @@ def format_summary(summary: ModelSummary) -> list[str]:
     return lines
 
 
-def format_parity(result: ParityResult) -> list[str]:
-    tol = result.tolerance
-    lines = [
-        f"  parity vs TensorFlow float32 on {result.runtime}"
-        + (f", {result.positions} positions" if result.positions else "")
-        + f" ({result.precision}: atol {tol.atol:g}, rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g})",
-        f"    {'case':<8} {'output':<16} {'max abs':>10} {'mean abs':>10} {'max rel':>10} {'cosine':>10}  ok",
-    ]
-    for case in result.cases:
-        for m in case.outputs:
-            lines.append(
-                f"    {case.case:<8} {m.name:<16} {m.max_abs:>10.3g} {m.mean_abs:>10.3g} {m.max_rel:>10.3g} "
-                f"{m.cosine:>10.7f}  {'yes' if m.within_tolerance else 'NO'}"
-                + (f"  (NaN {m.nan_count}, Inf {m.inf_count})" if m.nan_count or m.inf_count else "")
-            )
-    lines.extend(_task_lines([m for case in result.cases for m in case.outputs], "    "))
-    return lines
-
-
-def _task_lines(outputs: list[Any], indent: str) -> list[str]:
+def _task_lines(outputs: list[OutputMetrics], indent: str) -> list[str]:
     """Task-level agreement: worst mean-pooled row cosine for hidden states, argmax agreement for logits."""
     pooled: dict[str, float] = {}
     argmax: dict[str, float] = {}
@@ -89,24 +69,29 @@ def _profile_line(profile: tuple[float, ...]) -> str:
 
 
 def format_parity_report(report: ParityReport) -> list[str]:
+    """A parity check, against a bundle or an export's own (the export report indents it)."""
+    positions = f", {report.positions} positions" if report.positions else ""
+    case_width = max((len(m.case) + 1 for m in report.outputs if m.case), default=0)  # a column where cases are
+    case_head = "case" if case_width else ""
     lines = [
-        f"parity: {report.model} vs {report.bundle} ({report.samples} samples) on {report.runtime}, "
+        f"parity: {report.model} vs {report.reference} ({report.samples} samples{positions}) on {report.runtime}, "
         f"precision {report.precision}, model digest {report.digest}",
-        f"  {'output':<18} {'max abs':>10} {'mean abs':>10} {'max rel':>10} {'cosine':>10} {'argmax':>7} "
-        f"{'over tol':>9}  {'atol':>7} {'rtol':>7}  ok",
+        f"  {case_head:<{case_width}}{'output':<18} {'max abs':>10} {'mean abs':>10} {'max rel':>10} "
+        f"{'cosine':>10} {'argmax':>7} {'over tol':>9}  {'atol':>7} {'rtol':>7}  ok",
     ]
     for m in report.outputs:
         tol = report.tolerances[m.name]
         argmax = "-" if m.argmax_agreement is None else f"{m.argmax_agreement:.3f}"
         lines.append(
-            f"  {m.name:<18} {m.max_abs:>10.3g} {m.mean_abs:>10.3g} {m.max_rel:>10.3g} {m.cosine:>10.7f} {argmax:>7} "
-            f"{m.violations:>9}  {tol.atol:>7g} {tol.rtol:>7g}  {'yes' if m.within_tolerance else 'NO'}"
+            f"  {m.case or '':<{case_width}}{m.name:<18} {m.max_abs:>10.3g} {m.mean_abs:>10.3g} {m.max_rel:>10.3g} "
+            f"{m.cosine:>10.7f} {argmax:>7} {m.violations:>9}  {tol.atol:>7g} {tol.rtol:>7g}  "
+            f"{'yes' if m.within_tolerance else 'NO'}"
             + (f"  NaN {m.nan_count} Inf {m.inf_count}" if m.nan_count or m.inf_count else "")
         )
     lines.extend(_task_lines(report.outputs, "  "))
     for m in report.outputs:
         if m.position_max_abs:
-            lines.append(f"  {m.name} by position: {_profile_line(m.position_max_abs)}")
+            lines.append(f"  {m.label} by position: {_profile_line(m.position_max_abs)}")
         if m.task_accuracy is not None:
             lines.append(
                 f"  {m.name} task accuracy: {m.task_accuracy:.4f} (float32 reference {m.reference_accuracy:.4f})"
@@ -152,7 +137,7 @@ def format_demo(result: Any) -> list[str]:
         return "-" if value is None else format(value, spec)
 
     lines = [
-        f"trained reference encoder (shift task): {result.saved_model}",
+        f"trained task encoder (shift task): {result.saved_model}",
         f"{'variant':<20} {'file B':>8} {'table B':>8} {'max abs err':>11} {'cosine':>9} {'task acc':>8} "
         f"{'p50 ms':>7}  {'runtimes':<22} verdict",
     ]

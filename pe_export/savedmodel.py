@@ -9,6 +9,7 @@ from typing import Any
 
 from pe_export.constants import DEFAULT_SIGNATURE
 from pe_export.errors import BadInputError, one_line
+from pe_export.graphdef import consumers_of, node_name
 from pe_export.native import import_tensorflow
 from pe_export.specs import TensorSpec
 
@@ -147,7 +148,7 @@ def frozen_io_names(concrete: Any, frozen: Any) -> tuple[dict[str, str], dict[st
 
     Signatures return a flat dict, which TensorFlow flattens in sorted key order.
     """
-    inputs = {tensor.name: tensor.name.split(":")[0] for tensor in frozen.inputs}
+    inputs = {tensor.name: node_name(tensor.name) for tensor in frozen.inputs}
     keys = sorted(concrete.structured_outputs)
     outputs = {tensor.name: key for tensor, key in zip(frozen.outputs, keys, strict=True)}
     return inputs, outputs
@@ -160,10 +161,7 @@ def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, in
     gathered constant's first dimension. Inputs that feed no gather are left out.
     """
     nodes = {node.name: node for node in graph_def.node}
-    consumers: dict[str, list[tuple[Any, int]]] = {}
-    for node in graph_def.node:
-        for position, source in enumerate(node.input):
-            consumers.setdefault(source.split(":")[0].lstrip("^"), []).append((node, position))
+    consumers = consumers_of(graph_def)
     bounds: dict[str, int] = {}
     for name in input_names:
         frontier, seen = [name], set()
@@ -174,9 +172,9 @@ def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, in
             seen.add(current)
             for node, position in consumers.get(current, []):
                 if node.op in _GATHER_OPS and position == 1:
-                    table = nodes.get(node.input[0].split(":")[0])
+                    table = nodes.get(node_name(node.input[0]))
                     while table is not None and table.op == "Identity":  # a frozen variable read
-                        table = nodes.get(table.input[0].split(":")[0])
+                        table = nodes.get(node_name(table.input[0]))
                     rows = _const_rows(table)
                     if rows:
                         bounds[name] = min(bounds.get(name, rows), rows)

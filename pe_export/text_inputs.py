@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pe_export.errors import BadInputError, missing_extra
+from pe_export.errors import BadInputError, missing_extra, one_line
 from pe_export.inputs import is_mask_input
 from pe_export.specs import TensorSpec
 
@@ -67,15 +67,15 @@ def text_feed(
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises its own Exception type for bad JSON
-        raise BadInputError(f"--tokenizer {path} is not a tokenizers JSON file ({str(err)[:120]})") from None
+        raise BadInputError(f"--tokenizer {path} is not a tokenizers JSON file ({one_line(err)[:120]})") from None
     tokenizer.no_padding()  # a tokenizer.json may pad to 128 by default: each sentence then is mostly padding
-    integer = [spec for spec in specs if spec.is_integer and len(spec.shape) >= 2]
+    integer = [spec for spec in specs if spec.is_integer and spec.has_sequence]
     if not integer:
         raise BadInputError("--text: the model has no integer [batch, sequence] input to take token ids")
     tokens = max((s for s in integer if not is_mask_input(s)), key=lambda s: bounds.get(s.name, 0), default=None)
     if tokens is None:
         raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
-    fixed = tokens.shape[1]
+    fixed = tokens.sequence_length
     limit = fixed or max_len
     encoded = [tokenizer.encode(line).ids for line in read_lines(inputs.text)]
     if limit is not None:

@@ -49,10 +49,10 @@ def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
 
 @pytest.fixture(scope="session")
 def variant_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """variant_model(name, seq_len, **builder_options) → SavedModel of a pe_export.reference.variants encoder."""
+    """variant_model(name, seq_len, **builder_options) → SavedModel of a pe_export.encoders.variants encoder."""
 
     def build(root: Path, key: tuple) -> Path:
-        from pe_export.reference import variants
+        from pe_export.encoders import variants
 
         name, seq_len, options = key
         builder = variants.VARIANTS[name][0] if name in variants.VARIANTS else getattr(variants, name)

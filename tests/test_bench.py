@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
+from pe_export.encoders.tiny import FIXED_LEN, MAX_LEN
 from pe_export.errors import ExitCode
-from pe_export.reference.encoder import FIXED_LEN, MAX_LEN
 from tests.helpers import run_cli
 
 

@@ -26,7 +26,7 @@ def test_tflite_report_shows_ops_constants_runtimes_and_parity(capfd, saved_mode
         "FULLY_CONNECTED",
         "largest:",
         "ai-edge-litert   yes",
-        "parity vs TensorFlow float32 on litert",
+        "vs TensorFlow float32 (4 samples, 64 positions) on litert",
         "OK: wrote",
     ):
         assert fragment in result.stdout

@@ -54,8 +54,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's trained encoder: tflite fp32 and dynamic-int8, onnx fp32, its golden bundle and another model's."""
     from converters.options import ExportOptions
     from pe_export.api import export_onnx, export_tflite
+    from pe_export.encoders import task
     from pe_export.golden import GoldenOptions, make_golden
-    from pe_export.reference import task
 
     root = tmp_path_factory.mktemp("mounted")
     task.load_trained_model().export(str(root / "encoder"), verbose=False)

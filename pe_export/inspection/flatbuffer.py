@@ -35,30 +35,30 @@ class Table:
         where = self._field(index)
         return default if where is None else _unpack(self.data, "<" + fmt, where)[0]
 
-    def _target(self, index: int) -> int | None:
+    def _referenced_offset(self, index: int) -> int | None:
         where = self._field(index)
         if where is None:
             return None
         return where + _unpack(self.data, "<I", where)[0]
 
     def table(self, index: int) -> Table | None:
-        target = self._target(index)
-        return None if target is None else Table(self.data, target)
+        offset = self._referenced_offset(index)
+        return None if offset is None else Table(self.data, offset)
 
     def string(self, index: int) -> str:
-        target = self._target(index)
-        if target is None:
+        offset = self._referenced_offset(index)
+        if offset is None:
             return ""
-        (length,) = _unpack(self.data, "<I", target)
-        raw = _slice(self.data, target + 4, length)
+        (length,) = _unpack(self.data, "<I", offset)
+        raw = _slice(self.data, offset + 4, length)
         return raw.decode("utf-8", errors="replace")
 
     def vector_length(self, index: int) -> tuple[int, int]:
-        target = self._target(index)
-        if target is None:
+        offset = self._referenced_offset(index)
+        if offset is None:
             return 0, 0
-        (length,) = _unpack(self.data, "<I", target)
-        return target + 4, length
+        (length,) = _unpack(self.data, "<I", offset)
+        return offset + 4, length
 
     def scalars(self, index: int, fmt: str) -> tuple[int, ...]:
         start, length = self.vector_length(index)

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pe_export.errors import BadInputError, missing_extra
+from pe_export.errors import BadInputError, missing_extra, one_line
 from pe_export.inspection.runtimes import onnx_verdicts
 from pe_export.inspection.summary import ConstantInfo, ModelSummary, SignatureInfo
 from pe_export.specs import TensorSpec
@@ -123,5 +123,5 @@ def summarize_onnx(path: Path) -> ModelSummary:
         return summarize_onnx_model(model, path, path.stat().st_size)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:  # parsed, but inconsistent
         raise BadInputError(
-            f"{path} parses as ONNX but is inconsistent ({type(err).__name__}: {str(err)[:80]}); re-export it"
+            f"{path} parses as ONNX but is inconsistent ({type(err).__name__}: {one_line(err)[:80]}); re-export it"
         ) from err

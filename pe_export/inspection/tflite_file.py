@@ -62,6 +62,39 @@ def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
     return TensorSpec(name, dtype, tuple(None if d < 0 else int(d) for d in shape))
 
 
+def _metadata(model: Table, buffers: list[Table], sizes: list[int]) -> tuple[dict[str, str], set[int]]:
+    """The metadata entries (name → text; large ones by size only) and the buffers they occupy."""
+    metadata, used = {}, set()
+    for entry in model.tables(MODEL_METADATA):
+        index = int(entry.scalar(METADATA_BUFFER, "I"))
+        if index >= len(buffers):
+            raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
+        used.add(index)
+        metadata[entry.string(METADATA_NAME)] = (
+            buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
+            if sizes[index] <= MAX_METADATA_BYTES
+            else f"<{sizes[index]} bytes>"
+        )
+    return metadata, used
+
+
+def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInfo:
+    subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
+    if subgraph_index >= len(all_tensors):
+        raise CorruptFileError(f"signature names subgraph {subgraph_index} of {len(all_tensors)}")
+    tensors = all_tensors[subgraph_index]
+    io = []
+    for field in (SIGNATURE_INPUTS, SIGNATURE_OUTPUTS):
+        specs = []
+        for entry in signature.tables(field):
+            index = int(entry.scalar(TENSORMAP_INDEX, "I"))
+            if index >= len(tensors):
+                raise CorruptFileError(f"signature names tensor {index} of {len(tensors)}")
+            specs.append(_tensor_spec(tensors[index], entry.string(TENSORMAP_NAME)))
+        io.append(specs)
+    return SignatureInfo(signature.string(SIGNATURE_KEY), io[0], io[1])
+
+
 def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
     if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
         raise BadInputError(
@@ -75,19 +108,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         buffer_sizes = [
             buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q")) for buffer in buffers
         ]
-        metadata = {}
-        metadata_buffers = set()
-        for entry in model.tables(MODEL_METADATA):
-            index = int(entry.scalar(METADATA_BUFFER, "I"))
-            if index >= len(buffers):
-                raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
-            metadata_buffers.add(index)
-            size = buffer_sizes[index]
-            metadata[entry.string(METADATA_NAME)] = (
-                buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
-                if size <= MAX_METADATA_BYTES
-                else f"<{size} bytes>"
-            )
+        metadata, metadata_buffers = _metadata(model, buffers, buffer_sizes)
         op_counts: Counter[str] = Counter()
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []
@@ -104,22 +125,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
                     constants.append(
                         ConstantInfo(spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer])
                     )
-        signatures = []
-        for signature in model.tables(MODEL_SIGNATURE_DEFS):
-            subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
-            if subgraph_index >= len(all_tensors):
-                raise CorruptFileError(f"signature names subgraph {subgraph_index} of {len(all_tensors)}")
-            tensors = all_tensors[subgraph_index]
-            io = []
-            for field in (SIGNATURE_INPUTS, SIGNATURE_OUTPUTS):
-                specs = []
-                for entry in signature.tables(field):
-                    index = int(entry.scalar(TENSORMAP_INDEX, "I"))
-                    if index >= len(tensors):
-                        raise CorruptFileError(f"signature names tensor {index} of {len(tensors)}")
-                    specs.append(_tensor_spec(tensors[index], entry.string(TENSORMAP_NAME)))
-                io.append(specs)
-            signatures.append(SignatureInfo(signature.string(SIGNATURE_KEY), io[0], io[1]))
+        signatures = [_signature(signature, all_tensors) for signature in model.tables(MODEL_SIGNATURE_DEFS)]
     except CorruptFileError as err:
         raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
     flex = sorted(name for name in op_counts if name.startswith(FLEX_PREFIX))

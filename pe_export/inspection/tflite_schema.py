@@ -1,7 +1,7 @@
 """TFLite schema enums as data, so .tflite files can be read without TensorFlow.
 
 Generated from ai_edge_litert.schema_py_generated (BuiltinOperator, TensorType);
-tests/inspection/test_tflite_schema.py checks it against the installed schema.
+tests/inspection/test_inspect.py (test_schema_table_matches_installed_schema) checks it against the installed schema.
 """
 
 BUILTIN_OPERATORS: dict[int, str] = {

@@ -5,23 +5,34 @@ Layout of a bundle directory::
     manifest.json           what the bundle holds (validated on load, see validate_manifest)
     batches/00000.npz ...   one batch each: "input/<name>", "output/<name>", "valid" arrays
 
-Arrays are read with ``allow_pickle=False``; one batch is in memory at a time.
+Written by ``write_bundle`` (from `pe-export golden`), read by ``load_bundle``; arrays are read with
+``allow_pickle=False`` and one batch is in memory at a time. An export's own check uses the same batches
+in memory (``reference_batches``), so both are compared by one loop (pe_export/parity/compare.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pe_export.errors import BadInputError
+from pe_export.fileio import folder_mode
+from pe_export.interrupts import raise_if_interrupted
+from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.specs import TensorSpec
+
+if TYPE_CHECKING:
+    from pe_export.runners.base import Runner
 
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "pe-export-golden"
@@ -34,9 +45,25 @@ IGNORED_LABEL = -1  # label value for positions that carry no task target
 class Batch:
     index: int
     inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]  # the float32 reference's
     valid: np.ndarray  # [batch, seq] booleans: real tokens True, padding False
-    labels: dict[str, np.ndarray]  # task labels per output (class ids; -1 = ignore), where the bundle has them
+    labels: dict[str, np.ndarray] = field(default_factory=dict)  # class ids per output (-1 = ignore), if any
+    case: str | None = None  # a named case is judged on its own (an export's "random" and "padded" inputs)
+
+    @property
+    def where(self) -> str:
+        return f"{self.case} inputs" if self.case else f"batch {self.index}"
+
+
+def reference_batches(
+    reference: Runner, feeds: Iterable[tuple[dict[str, np.ndarray], np.ndarray]], cases: Iterable[str | None] = ()
+) -> Iterator[Batch]:
+    """Run the (active) reference on each (inputs, valid mask): the batches a bundle holds. ``cases`` names
+    them, in order, where each is to be judged on its own."""
+    names = iter(cases)
+    for index, (inputs, valid) in enumerate(feeds):
+        raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops the work
+        yield Batch(index, inputs, reference.infer(inputs), valid, case=next(names, None))
 
 
 @dataclass(frozen=True)
@@ -64,31 +91,29 @@ class Bundle:
     def samples(self) -> int:
         return int(self.manifest["samples"])
 
+    @property
+    def seq_len(self) -> int | None:
+        length = self.manifest.get("seq_len")
+        return length if isinstance(length, int) and not isinstance(length, bool) else None
+
     def batches(self) -> Iterator[Batch]:
         """Stream the batches, validating each against the manifest."""
         for index, entry in enumerate(self.manifest["batches"]):
             yield self._load(index, entry)
 
     def _load(self, index: int, entry: dict[str, Any]) -> Batch:
-        path = self.path / entry["file"]
-        if _leaves(self.path, path):
-            raise BadInputError(f"bundle {self.path}: {entry['file']} is a link to a file outside the bundle, which is "
-                                "refused; a bundle holds its own files (copy it with cp -rL)")  # fmt: skip
-        if not path.is_file():
-            raise BadInputError(f"bundle {self.path}: {entry['file']} is missing; the bundle is incomplete")
-        if file_sha256(path) != entry["sha256"]:
-            raise BadInputError(f"bundle {self.path}: {entry['file']} does not match its sha256 in the manifest")
-        arrays = read_npz(path)
+        arrays = self._read_checked(entry["file"], entry["sha256"])
         inputs = {k[len(INPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(INPUT_PREFIX)}
         outputs = {k[len(OUTPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(OUTPUT_PREFIX)}
+        where = f"bundle {self.path}: {entry['file']}"
         if VALID_KEY not in arrays:
-            raise BadInputError(f"bundle {self.path}: {entry['file']} has no 'valid' mask")
+            raise BadInputError(f"{where} has no 'valid' mask")
         valid = arrays[VALID_KEY].astype(bool)
         samples = int(entry["samples"])
         for kind, specs, found in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
             missing = sorted({s.name for s in specs} - set(found))
             if missing:
-                raise BadInputError(f"bundle {self.path}: {entry['file']} lacks {kind}s {', '.join(missing)}")
+                raise BadInputError(f"{where} lacks {kind}s {', '.join(missing)}")
             for spec in specs:
                 _check_array(self.path / entry["file"], kind, spec, found[spec.name], samples)
         for name, array in outputs.items():
@@ -98,17 +123,34 @@ class Bundle:
                     "regenerate the bundle from a model that produces finite outputs"
                 )
         if valid.ndim != 2 or valid.shape[0] != samples:
-            raise BadInputError(f"bundle {self.path}: {entry['file']} 'valid' has shape {valid.shape}")
+            raise BadInputError(f"{where} 'valid' has shape {valid.shape}")
+        return Batch(index, inputs, outputs, valid, self._labels(arrays, outputs, where))
+
+    def _read_checked(self, file: str, sha256: str) -> dict[str, np.ndarray]:
+        """A batch file's arrays, once it is known to be the bundle's own, present and unchanged."""
+        path = self.path / file
+        if _leaves(self.path, path):
+            raise BadInputError(f"bundle {self.path}: {file} is a link to a file outside the bundle, which is "
+                                "refused; a bundle holds its own files (copy it with cp -rL)")  # fmt: skip
+        if not path.is_file():
+            raise BadInputError(f"bundle {self.path}: {file} is missing; the bundle is incomplete")
+        if file_sha256(path) != sha256:
+            raise BadInputError(f"bundle {self.path}: {file} does not match its sha256 in the manifest")
+        return read_npz(path)
+
+    def _labels(
+        self, arrays: dict[str, np.ndarray], outputs: dict[str, np.ndarray], where: str
+    ) -> dict[str, np.ndarray]:
         labels = {}
         for name in self.label_outputs:
             label = arrays.get(f"{LABEL_PREFIX}{name}")
             if label is None or not np.issubdtype(label.dtype, np.integer) or label.shape != outputs[name].shape[:-1]:
                 raise BadInputError(
-                    f"bundle {self.path}: {entry['file']} labels for {name!r} are missing or not integer class ids "
+                    f"{where} labels for {name!r} are missing or not integer class ids "
                     f"shaped like the output without its class axis"
                 )
             labels[name] = label
-        return Batch(index, inputs, outputs, valid, labels)
+        return labels
 
 
 def _leaves(root: Path, path: Path) -> bool:
@@ -166,68 +208,161 @@ _TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+class _ManifestProblem(Exception):
+    """What is wrong with a manifest; validate_manifest turns it into the one-line BadInputError."""
+
+
 def validate_manifest(manifest: Any, where: Path) -> dict[str, Any]:
     """Check every field's presence and type; one line naming the first problem."""
+    try:
+        _check_top_fields(manifest)
+        for key in ("inputs", "outputs"):
+            _check_specs(manifest[key], key)
+        output_names = {entry["name"] for entry in manifest["outputs"]}
+        labels = manifest.get("labels", [])
+        if not isinstance(labels, list) or not all(isinstance(n, str) and n in output_names for n in labels):
+            raise _ManifestProblem("field 'labels' should list output names")
+        for precision, tolerance in manifest["tolerances"].items():
+            _check_tolerance(precision, tolerance)
+        _check_batches(manifest["batches"], manifest["samples"])
+    except _ManifestProblem as problem:
+        raise BadInputError(f"{where}: {problem}; regenerate the bundle with `pe-export golden`") from None
+    return manifest
 
-    def fail(message: str) -> BadInputError:
-        return BadInputError(f"{where}: {message}; regenerate the bundle with `pe-export golden`")
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_top_fields(manifest: Any) -> None:
     if not isinstance(manifest, dict):
-        raise fail("the manifest is not a JSON object")
-    for field, kind in _TOP_FIELDS.items():
-        if field not in manifest:
-            raise fail(f"field {field!r} is missing")
-        if not isinstance(manifest[field], kind) or isinstance(manifest[field], bool):
-            raise fail(f"field {field!r} should be {getattr(kind, '__name__', kind)}")
+        raise _ManifestProblem("the manifest is not a JSON object")
+    for key, kind in _TOP_FIELDS.items():
+        if key not in manifest:
+            raise _ManifestProblem(f"field {key!r} is missing")
+        if not isinstance(manifest[key], kind) or isinstance(manifest[key], bool):
+            raise _ManifestProblem(f"field {key!r} should be {getattr(kind, '__name__', kind)}")
     if manifest["format"] != BUNDLE_FORMAT or manifest["version"] != BUNDLE_VERSION:
-        raise fail(f"format {manifest['format']!r} v{manifest['version']} is not {BUNDLE_FORMAT} v{BUNDLE_VERSION}")
+        raise _ManifestProblem(
+            f"format {manifest['format']!r} v{manifest['version']} is not {BUNDLE_FORMAT} v{BUNDLE_VERSION}"
+        )
     for key in ("digest", "signature"):
         if not isinstance(manifest["model"].get(key), str):
-            raise fail(f"model.{key} should be a string")
-    for field in ("inputs", "outputs"):
-        if not manifest[field]:
-            raise fail(f"field {field!r} is empty")
-        for entry in manifest[field]:
-            if not (
-                isinstance(entry, dict)
-                and isinstance(entry.get("name"), str)
-                and isinstance(entry.get("dtype"), str)
-                and isinstance(entry.get("shape"), list)
-                and all(d is None or (isinstance(d, int) and d >= 0) for d in entry["shape"])
-            ):
-                raise fail(f"an entry of {field!r} is not {{name, dtype, shape}}")
-            try:
-                np.dtype(entry["dtype"])
-            except TypeError as err:
-                raise fail(f"dtype {entry['dtype']!r} of {entry['name']!r} is not a numpy dtype") from err
-    labels = manifest.get("labels", [])
-    output_names = {entry["name"] for entry in manifest["outputs"]}
-    if not isinstance(labels, list) or not all(isinstance(n, str) and n in output_names for n in labels):
-        raise fail("field 'labels' should list output names")
-    for precision, tolerance in manifest["tolerances"].items():
-        fields = ("atol", "rtol", "min_cosine")
-        if not isinstance(tolerance, dict) or not all(
-            isinstance(tolerance.get(f), int | float) and not isinstance(tolerance.get(f), bool) for f in fields
+            raise _ManifestProblem(f"model.{key} should be a string")
+
+
+def _check_specs(entries: list[Any], key: str) -> None:
+    if not entries:
+        raise _ManifestProblem(f"field {key!r} is empty")
+    for entry in entries:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("dtype"), str)
+            and isinstance(entry.get("shape"), list)
+            and all(d is None or (_is_int(d) and d >= 0) for d in entry["shape"])
         ):
-            raise fail(f"tolerances.{precision} is not {{atol, rtol, min_cosine}} numbers")
-        if not all(np.isfinite(tolerance[f]) and tolerance[f] >= 0 for f in fields):
-            raise fail(f"tolerances.{precision} holds a negative or non-finite number")
+            raise _ManifestProblem(f"an entry of {key!r} is not {{name, dtype, shape}}")
+        try:
+            np.dtype(entry["dtype"])
+        except TypeError:
+            raise _ManifestProblem(f"dtype {entry['dtype']!r} of {entry['name']!r} is not a numpy dtype") from None
+
+
+def _check_tolerance(precision: str, tolerance: Any) -> None:
+    fields = ("atol", "rtol", "min_cosine")
+    if not isinstance(tolerance, dict) or not all(
+        isinstance(tolerance.get(f), int | float) and not isinstance(tolerance.get(f), bool) for f in fields
+    ):
+        raise _ManifestProblem(f"tolerances.{precision} is not {{atol, rtol, min_cosine}} numbers")
+    if not all(np.isfinite(tolerance[f]) and tolerance[f] >= 0 for f in fields):
+        raise _ManifestProblem(f"tolerances.{precision} holds a negative or non-finite number")
+
+
+def _check_batches(entries: list[Any], samples: int) -> None:
     total = 0
-    for entry in manifest["batches"]:
+    for entry in entries:
         if not (
             isinstance(entry, dict)
             and isinstance(entry.get("file"), str)
             and isinstance(entry.get("samples"), int)
             and isinstance(entry.get("sha256"), str)
         ):
-            raise fail("a batch entry is not {file, samples, sha256}")
+            raise _ManifestProblem("a batch entry is not {file, samples, sha256}")
         file = Path(entry["file"])
         if file.is_absolute() or ".." in file.parts:
-            raise fail(f"batch file {entry['file']!r} points outside the bundle")
+            raise _ManifestProblem(f"batch file {entry['file']!r} points outside the bundle")
         total += entry["samples"]
-    if total != manifest["samples"]:
-        raise fail(f"batches hold {total} samples, the manifest says {manifest['samples']}")
-    return manifest
+    if total != samples:
+        raise _ManifestProblem(f"batches hold {total} samples, the manifest says {samples}")
+
+
+def write_bundle(
+    output: Path,
+    batches: Iterable[Batch],
+    *,
+    model: dict[str, str],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    seq_len: int,
+    created_by: dict[str, str],
+    labels: Iterable[str] = (),
+    progress: Callable[[int], None] | None = None,
+) -> tuple[int, int]:
+    """Write ``batches`` as a bundle at ``output`` (a folder) and return (samples, batches). The bundle is
+    built in a temporary folder beside ``output`` and moved into place whole; an old one is replaced only
+    then. ``model`` holds the source's path, digest and signature; ``progress`` gets the samples so far."""
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        os.chmod(work, folder_mode())  # mkdtemp makes 0700: a bundle is for other users (the device images) too
+        (work / "batches").mkdir(mode=folder_mode())
+        entries, total = [], 0
+        for index, batch in enumerate(batches):
+            name = f"batches/{index:05d}.npz"
+            arrays = {f"{INPUT_PREFIX}{k}": v for k, v in batch.inputs.items()}
+            arrays.update({f"{OUTPUT_PREFIX}{k}": v for k, v in batch.outputs.items()})
+            arrays.update({f"{LABEL_PREFIX}{k}": v for k, v in batch.labels.items()})
+            arrays[VALID_KEY] = batch.valid
+            np.savez(work / name, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds as allow_pickle
+            samples = int(batch.valid.shape[0])
+            entries.append({"file": name, "samples": samples, "sha256": file_sha256(work / name)})
+            total += samples
+            if progress:
+                progress(total)
+        manifest = {
+            "format": BUNDLE_FORMAT,
+            "version": BUNDLE_VERSION,
+            "created_by": created_by,
+            "model": model,
+            "inputs": [_entry(spec) for spec in inputs],
+            "outputs": [_entry(spec) for spec in outputs],
+            "padding": "batches/*.npz 'valid' marks real tokens; padded positions are left out of parity",
+            "batches": entries,
+            "samples": total,
+            "seq_len": seq_len,
+            "tolerances": {name: vars(tol) for name, tol in DEFAULT_TOLERANCES.items()},
+            "labels": sorted(labels),
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _publish(work, output)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return total, len(entries)
+
+
+def _entry(spec: TensorSpec) -> dict[str, object]:
+    return {"name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape)}
+
+
+def _publish(work: Path, output: Path) -> None:
+    """Move the finished bundle into place; an old one is replaced only after the new one is whole."""
+    if output.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".old", dir=output.parent))
+        os.replace(output, trash / output.name)
+        os.replace(work, output)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(work, output)
 
 
 def load_bundle(path: Path) -> Bundle:

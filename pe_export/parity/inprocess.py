@@ -8,16 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pe_export.errors import BadInputError, ParityError, RuntimeUnavailableError
+from pe_export.errors import BadInputError
 from pe_export.inspection import inspect_path
 from pe_export.inspection.onnx_metadata import onnx_metadata
-from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.bundle import Bundle, load_bundle
-from pe_export.parity.metrics import OutputAccumulator
+from pe_export.parity.compare import compare_batches
 from pe_export.parity.result import ParityOptions, ParityReport
 from pe_export.parity.tolerances import Tolerance, tolerance_for
 from pe_export.provenance import PRECISION, SOURCE_DIGEST
-from pe_export.runners import create_runner, first_installed_runner, runner_options, runners_for_file
+from pe_export.runners import create_runner, resolve_runtime, runner_options, runners_for_file
 from pe_export.runners.base import RUNNERS, Runner
 from pe_export.specs import TensorSpec
 
@@ -31,38 +30,27 @@ def run_check(
     bundle = load_bundle(bundle_path)
     stamps = _stamps(model)
     digest = _check_digest(stamps.get(SOURCE_DIGEST), bundle, options.ignore_digest, model)
-    runtime = options.runtime or first_installed_runner(model)
-    if runtime is None:
-        raise RuntimeUnavailableError(
-            f"no runtime for {model.suffix} files is installed; pip install 'pe-export[device]'"
-        )
+    runtime = resolve_runtime(model, options.runtime)
     extra = _runner_options(runtime, options)
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
     precision = options.precision or _judged_precision(stamps.get(PRECISION) or "fp32", arithmetic)
     tolerances = _tolerances(bundle, precision, options)
     runner = create_runner(runtime, model, **extra)
-    accumulators = {spec.name: OutputAccumulator(spec.name, tolerances[spec.name]) for spec in bundle.outputs}
     first_result_s = 0.0
+
+    def batch_done() -> None:
+        nonlocal first_result_s
+        first_result_s = first_result_s or time.perf_counter() - started
+        if progress:
+            progress()
+
     try:
         runner.activate()
         load_s = time.perf_counter() - started
         if progress:
             progress()
         _check_interface(runner, bundle, model)
-        for batch in bundle.batches():
-            raise_if_interrupted()
-            produced = runner.infer(batch.inputs)
-            for name, accumulator in accumulators.items():
-                if produced[name].shape != batch.outputs[name].shape:
-                    raise ParityError(
-                        f"{model.name}: output {name!r} has shape {produced[name].shape}, the bundle's reference "
-                        f"{batch.outputs[name].shape} (batch {batch.index})"
-                    )
-                accumulator.update(produced[name], batch.outputs[name], batch.valid, batch.labels.get(name))
-            if not first_result_s:
-                first_result_s = time.perf_counter() - started
-            if progress:
-                progress()
+        outputs = compare_batches(runner, bundle.batches(), tolerances, model_name=model.name, progress=batch_done)
     finally:
         runner.deactivate()
     return ParityReport(
@@ -72,12 +60,13 @@ def run_check(
         precision=precision,
         digest=digest,
         tolerances=tolerances,
-        outputs=[acc.result() for acc in accumulators.values()],
+        outputs=outputs,
         samples=bundle.samples,
         load_s=load_s,
         first_result_s=first_result_s,
         total_s=time.perf_counter() - started,
         arithmetic=arithmetic,
+        positions=bundle.seq_len,
     )
 
 

@@ -24,8 +24,9 @@ def has_class_axis(name: str) -> bool:
 class OutputAccumulator:
     """Running statistics for one output across batches."""
 
-    def __init__(self, name: str, tolerance: Tolerance, *, argmax: bool | None = None) -> None:
+    def __init__(self, name: str, tolerance: Tolerance, *, argmax: bool | None = None, case: str | None = None) -> None:
         self.name = name
+        self.case = case
         self.tolerance = tolerance
         self.argmax = has_class_axis(name) if argmax is None else argmax
         self.shape: tuple[int, ...] = ()
@@ -81,34 +82,46 @@ class OutputAccumulator:
             self.norm_actual += float((a[finite] ** 2).sum())
             self.norm_expected += float((e[finite] ** 2).sum())
         if self.argmax and a.ndim >= 2:
-            agree = np.argmax(a, axis=-1) == np.argmax(e, axis=-1)
-            rows = mask if mask is not None and a.ndim >= 3 else np.ones(agree.shape, dtype=bool)
-            self.argmax_equal += int((agree & rows).sum())
-            self.argmax_total += int(rows.sum())
+            self._update_argmax(a, e, mask)
         if mask is not None:
-            per_position = np.where(finite, error, 0.0).reshape(a.shape[0], a.shape[1], -1).max(axis=(0, 2))
-            per_position = np.where(mask.any(axis=0), per_position, np.nan)
-            self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
+            self._update_positions(np.where(finite, error, 0.0), mask)
         if mask is not None and a.ndim == 3 and not self.argmax:
-            weights = mask[:, :, None].astype(np.float64)
-            count = np.maximum(weights.sum(axis=1), 1.0)
-            pooled_a, pooled_e = (a * weights).sum(axis=1) / count, (e * weights).sum(axis=1) / count
-            norm_a, norm_e = np.linalg.norm(pooled_a, axis=1), np.linalg.norm(pooled_e, axis=1)
-            rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norm_a * norm_e, _TINY)
-            rows = np.where((norm_a == 0) & (norm_e == 0), 1.0, rows)  # as the flattened cosine: 0 matches 0
-            rows = np.where(np.isfinite(rows), rows, -1.0)[mask.any(axis=1)]  # a row with no token has no mean
-            if rows.size:
-                worst = float(rows.min())
-                self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)
+            self._update_pooled(a, e, mask)
         if labels is not None:
-            counted = labels >= 0
-            if valid is not None and labels.shape == valid.shape:
-                counted &= valid
-            self.labelled += int(counted.sum())
-            self.correct += int(((np.argmax(a, axis=-1) == labels) & counted).sum())
-            self.reference_correct += int(((np.argmax(e, axis=-1) == labels) & counted).sum())
+            self._update_labels(a, e, labels, valid)
         self.shape = a.shape[1:]
         self.samples += a.shape[0] if a.ndim else 1
+
+    def _update_argmax(self, a: np.ndarray, e: np.ndarray, mask: np.ndarray | None) -> None:
+        agree = np.argmax(a, axis=-1) == np.argmax(e, axis=-1)
+        rows = mask if mask is not None and a.ndim >= 3 else np.ones(agree.shape, dtype=bool)
+        self.argmax_equal += int((agree & rows).sum())
+        self.argmax_total += int(rows.sum())
+
+    def _update_positions(self, error: np.ndarray, mask: np.ndarray) -> None:
+        per_position = error.reshape(error.shape[0], error.shape[1], -1).max(axis=(0, 2))
+        per_position = np.where(mask.any(axis=0), per_position, np.nan)
+        self.position_max = per_position if self.position_max is None else np.fmax(self.position_max, per_position)
+
+    def _update_pooled(self, a: np.ndarray, e: np.ndarray, mask: np.ndarray) -> None:
+        weights = mask[:, :, None].astype(np.float64)
+        count = np.maximum(weights.sum(axis=1), 1.0)
+        pooled_a, pooled_e = (a * weights).sum(axis=1) / count, (e * weights).sum(axis=1) / count
+        norm_a, norm_e = np.linalg.norm(pooled_a, axis=1), np.linalg.norm(pooled_e, axis=1)
+        rows = (pooled_a * pooled_e).sum(axis=1) / np.maximum(norm_a * norm_e, _TINY)
+        rows = np.where((norm_a == 0) & (norm_e == 0), 1.0, rows)  # as the flattened cosine: 0 matches 0
+        rows = np.where(np.isfinite(rows), rows, -1.0)[mask.any(axis=1)]  # a row with no token has no mean
+        if rows.size:
+            worst = float(rows.min())
+            self.pooled_worst = worst if self.pooled_worst is None else min(self.pooled_worst, worst)
+
+    def _update_labels(self, a: np.ndarray, e: np.ndarray, labels: np.ndarray, valid: np.ndarray | None) -> None:
+        counted = labels >= 0
+        if valid is not None and labels.shape == valid.shape:
+            counted &= valid
+        self.labelled += int(counted.sum())
+        self.correct += int(((np.argmax(a, axis=-1) == labels) & counted).sum())
+        self.reference_correct += int(((np.argmax(e, axis=-1) == labels) & counted).sum())
 
     @property
     def cosine(self) -> float:
@@ -145,6 +158,7 @@ class OutputAccumulator:
             task_accuracy=self.correct / self.labelled if self.labelled else None,
             reference_accuracy=self.reference_correct / self.labelled if self.labelled else None,
             pooled_cosine=self.pooled_worst,
+            case=self.case,
         )
 
 

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pe_export.constants import DEFAULT_TIMEOUT_S
-from pe_export.errors import BadInputError, ExitCode, ParityError
+from pe_export.constants import DEFAULT_TIMEOUT_S, MAX_THREADS
+from pe_export.errors import BadInputError, ExitCode, ParityError, check_range
 from pe_export.parity.tolerances import Tolerance
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision, resolve_providers
 
@@ -38,6 +38,11 @@ class OutputMetrics:
     # Task level for hidden states [batch, seq, d] with real padding: the worst row's cosine of the
     # mean over its valid positions (a sentence embedding, as mean-pooling encoders use them).
     pooled_cosine: float | None = None
+    case: str | None = None  # the inputs judged apart (an export's "random" and "padded"); None: all of them
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.case} inputs)" if self.case else self.name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,16 +85,18 @@ class ParityOptions:
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
         check_gpu_precision(self.gpu_precision)
-        if not self.timeout_s > 0:
+        if not self.timeout_s > 0:  # an open interval: any positive number of seconds
             raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
-        if self.threads is not None and not 1 <= self.threads <= 1024:
-            raise BadInputError(f"--threads {self.threads} is out of range; expected 1 to 1024")
+        check_range("--threads", self.threads, 1, MAX_THREADS)
 
 
 @dataclass
 class ParityReport:
+    """What a file computed against its float32 reference: a golden bundle on disk (`pe-export parity`), or
+    the SavedModel itself on in-memory batches (an export's own check, ``bundle`` None)."""
+
     model: Path
-    bundle: Path
+    bundle: Path | None
     runtime: str
     precision: str
     digest: str  # "match", "absent" or "ignored"
@@ -100,10 +107,27 @@ class ParityReport:
     first_result_s: float
     total_s: float
     arithmetic: str | None = None  # the runtime's own precision when coarser than the file's (a GPU's fp16)
+    positions: int | None = None  # sequence length compared (None: no sequence axis)
 
     @property
     def passed(self) -> bool:
         return all(m.within_tolerance for m in self.outputs)
+
+    @property
+    def reference(self) -> str:
+        return "TensorFlow float32" if self.bundle is None else str(self.bundle)
+
+    @property
+    def max_abs(self) -> float:
+        return max((m.max_abs for m in self.outputs), default=0.0)
+
+    @property
+    def min_cosine(self) -> float:
+        return min((m.cosine for m in self.outputs), default=1.0)
+
+    def worst_failure(self) -> OutputMetrics | None:
+        """The failing output with the largest error (None when it passed)."""
+        return max((m for m in self.outputs if not m.within_tolerance), key=lambda m: m.max_abs, default=None)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -112,13 +136,15 @@ class ParityReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": str(self.model),
-            "bundle": str(self.bundle),
+            "bundle": None if self.bundle is None else str(self.bundle),
+            "reference": self.reference,
             "runtime": self.runtime,
             "precision": self.precision,
             "arithmetic": self.arithmetic,
             "digest": self.digest,
             "passed": self.passed,
             "samples": self.samples,
+            "positions": self.positions,
             "timing_s": {"load": self.load_s, "first_result": self.first_result_s, "total": self.total_s},
             "tolerances": {name: vars(tol) for name, tol in self.tolerances.items()},
             "outputs": [m.to_dict() for m in self.outputs],
@@ -130,7 +156,7 @@ class ParityReport:
         timing = data["timing_s"]
         return cls(
             model=Path(data["model"]),
-            bundle=Path(data["bundle"]),
+            bundle=None if data["bundle"] is None else Path(data["bundle"]),
             runtime=data["runtime"],
             precision=data["precision"],
             digest=data["digest"],
@@ -141,11 +167,14 @@ class ParityReport:
             first_result_s=timing["first_result"],
             total_s=timing["total"],
             arithmetic=data.get("arithmetic"),
+            positions=data.get("positions"),
         )
 
     def failure_message(self) -> str:
+        """One line: which output fails, by how much, against which tolerance, and where along the sequence."""
         failed = [m for m in self.outputs if not m.within_tolerance]
-        worst = max(failed, key=lambda m: m.max_abs)
+        worst = self.worst_failure()
+        assert worst is not None, "failure_message() of a report that passed"
         tol = self.tolerances[worst.name]
         where = ""
         if worst.position_max_abs:
@@ -154,7 +183,8 @@ class ParityReport:
             where = f", worst at sequence position {peak}"
         return (
             f"{self.model.name} fails parity on {self.runtime}: {len(failed)} of {len(self.outputs)} outputs over "
-            f"tolerance; {worst.name!r} max abs {worst.max_abs:.3g} (atol {tol.atol:g}, rtol {tol.rtol:g}), "
+            f"tolerance; {worst.name!r}{f' ({worst.case} inputs)' if worst.case else ''} max abs {worst.max_abs:.3g} "
+            f"(atol {tol.atol:g}, rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g}), "
             f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
             + (f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
                if self.arithmetic == "fp16" else "")

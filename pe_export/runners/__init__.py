@@ -6,20 +6,24 @@ Importing this package registers every runner; each imports its backend lazily o
 
 from pe_export.runners import litert, litert_gpu, onnxrt  # noqa: F401  (registration, in preference order)
 from pe_export.runners.base import (
+    NO_RUNTIME_FIX,
     Runner,
     create_runner,
     first_installed_runner,
     installed_runners,
+    resolve_runtime,
     runner_names,
     runner_options,
     runners_for_file,
 )
 
 __all__ = [
+    "NO_RUNTIME_FIX",
     "Runner",
     "create_runner",
     "first_installed_runner",
     "installed_runners",
+    "resolve_runtime",
     "runner_names",
     "runner_options",
     "runners_for_file",

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pe_export.errors import BadInputError
+from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.registry import Registry
 from pe_export.specs import TensorSpec
 
@@ -102,6 +102,17 @@ def installed_runners(path: Path) -> list[str]:
 
 def first_installed_runner(path: Path) -> str | None:
     return next(iter(installed_runners(path)), None)
+
+
+NO_RUNTIME_FIX = "pip install 'pe-export[device]'"
+
+
+def resolve_runtime(path: Path, asked: str | None = None) -> str:
+    """The runtime to run ``path`` with: the one asked for, else the first installed; none is exit 3."""
+    runtime = asked or first_installed_runner(path)
+    if runtime is None:
+        raise RuntimeUnavailableError(f"no runtime for {Path(path).suffix} files is installed; {NO_RUNTIME_FIX}")
+    return runtime
 
 
 def runner_options(runtime: str, *, threads: int | None, **options: Any) -> dict[str, Any]:

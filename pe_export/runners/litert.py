@@ -9,7 +9,7 @@ import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.native import capture_native_output
-from pe_export.runners.base import Runner, register_runner
+from pe_export.runners.base import NO_RUNTIME_FIX, Runner, register_runner
 from pe_export.specs import TensorSpec
 
 FLEX_MESSAGE_MARKER = "Select TensorFlow op"
@@ -80,7 +80,7 @@ class _TFLiteRunner(Runner):
                 )
             return RuntimeUnavailableError(
                 f"{self.name} is older than {self.model_path.name}'s ops ({text}); run it with ai-edge-litert "
-                "(pip install 'pe-export[device]'), or see min_runtime_version in `pe-export inspect`"
+                f"({NO_RUNTIME_FIX}), or see min_runtime_version in `pe-export inspect`"
             )
         return BadInputError(f"{self.name} could not load {self.model_path.name}: {text}")
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.graphdef import DT_FLOAT, DT_HALF, GraphIndex, const_value, node_name
 from pe_export.tables.sinusoid import SinusoidFit, fit_sinusoid
-from pe_export.tables.uses import KERNEL, LOOKUP, POSITION, RELATIVE, GraphIndex, uses_of
+from pe_export.tables.uses import KERNEL, LOOKUP, POSITION, RELATIVE, uses_of
 
 MIN_TABLE_ELEMENTS = 64
 _PASS_THROUGH = {"Identity", "StridedSlice", "Slice", "ExpandDims", "Reshape", "Squeeze", "GatherV2", "Cast"}
@@ -37,12 +38,6 @@ class TableInfo:
         return self.value.reshape(-1, self.value.shape[-1]).astype(np.float64)
 
 
-def const_value(node: Any) -> np.ndarray:
-    from tensorflow.python.framework import tensor_util
-
-    return tensor_util.MakeNdarray(node.attr["value"].tensor)
-
-
 def find_tables(
     graph_def: Any,
     *,
@@ -59,7 +54,7 @@ def find_tables(
     graph = GraphIndex(graph_def)
     tables = []
     for node in graph_def.node:
-        if node.op != "Const" or node.attr["dtype"].type not in (1, 19):  # DT_FLOAT, DT_HALF
+        if node.op != "Const" or node.attr["dtype"].type not in (DT_FLOAT, DT_HALF):
             continue
         dims = [d.size for d in node.attr["value"].tensor.tensor_shape.dim]
         squeezed = table_dims(dims)
@@ -80,31 +75,39 @@ def find_tables(
         fit = fit_sinusoid(rows)
         hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
         offset = None if hybrid or fit is not None or variable else _sinusoid_plus_variable(rows, variables)
-        hybrid = hybrid or offset is not None
-        if hybrid:
-            kind = "hybrid"
-        elif RELATIVE in roles:
-            kind = "relative"
-        elif fit is not None:
-            kind = {"cos-cache": "rotary-cos", "sin-cache": "rotary-sin"}.get(fit.layout, f"sinusoid-{fit.layout}")
-        else:
-            kind = "learned"
+        kind = _table_kind(hybrid or offset is not None, RELATIVE in roles, fit)
         constant = node.name in original_consts or _origin(rows, original_consts) is not None
         source = "variable" if variable else ("constant" if constant else "computed")
         info = TableInfo(node.name, readable, source, kind, tuple(value.shape), value.dtype.name, value, fit)
         info.notes.append(uses[0].reason if uses else "named by --table")
-        if kind == "learned" and len(squeezed) == 2 and _is_grid_with_class_token(squeezed[0]):
-            side = math.isqrt(squeezed[0] - 1)
-            info.notes.append(f"{squeezed[0]} rows: a {side}x{side} patch grid plus a class token (by its shape)")
-        if offset is not None:
-            info.notes.append(f"a sinusoid plus {offset}, folded into one constant")
-        if fit is not None and fit.base is not None:
-            info.notes.append(f"base {fit.base:g}")
-        masked_by = _masked_by(node.name, graph.consumers, graph.nodes)
-        if masked_by:
-            info.notes.append(f"multiplied by the run-time mask from {masked_by} (the mask stays)")
+        info.notes.extend(_notes(info, squeezed, offset, _masked_by(node.name, graph.consumers, graph.nodes)))
         tables.append(info)
     return tables
+
+
+def _table_kind(hybrid: bool, relative: bool, fit: Any) -> str:
+    if hybrid:
+        return "hybrid"
+    if relative:
+        return "relative"
+    if fit is not None:
+        return {"cos-cache": "rotary-cos", "sin-cache": "rotary-sin"}.get(fit.layout, f"sinusoid-{fit.layout}")
+    return "learned"
+
+
+def _notes(info: TableInfo, squeezed: list[int], offset: str | None, masked_by: str | None) -> list[str]:
+    """What the report says about a table beyond its kind."""
+    notes = []
+    if info.kind == "learned" and len(squeezed) == 2 and _is_grid_with_class_token(squeezed[0]):
+        side = math.isqrt(squeezed[0] - 1)
+        notes.append(f"{squeezed[0]} rows: a {side}x{side} patch grid plus a class token (by its shape)")
+    if offset is not None:
+        notes.append(f"a sinusoid plus {offset}, folded into one constant")
+    if info.fit is not None and info.fit.base is not None:
+        notes.append(f"base {info.fit.base:g}")
+    if masked_by:
+        notes.append(f"multiplied by the run-time mask from {masked_by} (the mask stays)")
+    return notes
 
 
 def table_dims(dims: list[int]) -> list[int] | None:
@@ -157,7 +160,7 @@ def _input_behind(node: Any, nodes: dict[str, Any], depth: int = 8) -> str | Non
     for _ in range(depth):
         if current.op == "Placeholder":
             return f"input {current.name}"
-        sources = [nodes.get(name.split(":")[0].lstrip("^")) for name in current.input]
+        sources = [nodes.get(node_name(name)) for name in current.input]
         sources = [s for s in sources if s is not None and s.op != "Const"]
         if not sources:
             break
@@ -198,7 +201,7 @@ def _masked_by(name: str, consumers: dict, nodes: dict, depth: int = 6) -> str |
         for current in frontier:
             for consumer, position in consumers.get(current, []):
                 if consumer.op == "Mul":
-                    other = nodes.get(consumer.input[1 - position].split(":")[0])
+                    other = nodes.get(node_name(consumer.input[1 - position]))
                     source = _input_behind(other, nodes) if other is not None and other.op != "Const" else None
                     if source and "mask" in source.lower():
                         return source

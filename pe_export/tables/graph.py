@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.graphdef import GraphIndex, const_value, node_name
 from pe_export.native import import_tensorflow
 from pe_export.tables.detect import position_axis
 from pe_export.tables.methods import Compressed
 from pe_export.tables.sinusoid import fit_sinusoid
 
-SEED_SCOPE = "pe_export_tables"
-RUN_TIME_ZERO = f"{SEED_SCOPE}/run_time_zero"  # the node computing the tables' run-time zero
+TABLES_SCOPE = "pe_export_tables"
+RUN_TIME_ZERO = f"{TABLES_SCOPE}/run_time_zero"  # the node computing the tables' run-time zero
 RELATIVE_SCOPE = "pe_export_relative"  # a second scope: both may sit in one graph
 
 
@@ -52,13 +53,13 @@ def materialize_static_dims(graph_def: Any) -> Any:
     for node in graph_def.node:
         if node.op != "StridedSlice":
             continue
-        shape_node = nodes.get(node.input[0].split(":")[0])
+        shape_node = nodes.get(node_name(node.input[0]))
         if shape_node is None or shape_node.op != "Shape":
             continue
         attrs = node.attr
         if attrs["shrink_axis_mask"].i != 1 or attrs["ellipsis_mask"].i or attrs["new_axis_mask"].i:
             continue
-        begin = nodes.get(node.input[1].split(":")[0])
+        begin = nodes.get(node_name(node.input[1]))
         if begin is None or begin.op != "Const":
             continue
         index = int(tensor_util.MakeNdarray(begin.attr["value"].tensor).reshape(-1)[0])
@@ -85,18 +86,19 @@ def materialize_static_dims(graph_def: Any) -> Any:
     return result
 
 
-def prefix_slices_only(graph_def: Any, node_name: str) -> bool:
+def prefix_slices_only(graph_def: Any, const_name: str) -> bool:
     """True when every reader of the Const slices rows from 0 to an end known only at run time."""
-    from pe_export.tables.detect import const_value
 
     nodes = {node.name: node for node in graph_def.node}
-    readers = [node for node in graph_def.node if any(i.split(":")[0] == node_name for i in node.input)]
+    readers = [
+        node for node in graph_def.node if any(not i.startswith("^") and node_name(i) == const_name for i in node.input)
+    ]
     if not readers:
         return False
     for reader in readers:
-        if reader.op != "StridedSlice" or reader.input[0].split(":")[0] != node_name:
+        if reader.op != "StridedSlice" or node_name(reader.input[0]) != const_name:
             return False
-        begin, end = nodes.get(reader.input[1].split(":")[0]), nodes.get(reader.input[2].split(":")[0])
+        begin, end = nodes.get(node_name(reader.input[1])), nodes.get(node_name(reader.input[2]))
         if begin is None or begin.op != "Const" or np.any(const_value(begin) != 0):
             return False
         if end is None or end.op == "Const":
@@ -106,9 +108,9 @@ def prefix_slices_only(graph_def: Any, node_name: str) -> bool:
 
 def _through_identity(nodes: dict[str, Any], name: str) -> Any:
     """The node behind an input name, skipping Identity nodes."""
-    node = nodes.get(name.split(":")[0].lstrip("^"))
+    node = nodes.get(node_name(name))
     while node is not None and node.op == "Identity":
-        node = nodes.get(node.input[0].split(":")[0])
+        node = nodes.get(node_name(node.input[0]))
     return node
 
 
@@ -118,7 +120,7 @@ def relative_gathers(graph_def: Any) -> list[str]:
     At a fixed length constant folding turns such a gather into a [T, T, c] constant (or, transposed, a
     heads×T×T bias), far larger than the table and its T×T index together.
     """
-    from pe_export.tables.uses import GATHER_OPS, GraphIndex, index_origin
+    from pe_export.tables.uses import GATHER_OPS, index_origin
 
     graph = GraphIndex(graph_def)
     found = []
@@ -136,7 +138,6 @@ def relative_gathers(graph_def: Any) -> list[str]:
 
 def hybrid_sums(graph_def: Any) -> dict[str, np.ndarray]:
     """Add nodes that sum a sinusoid Const and a (scaled) learned Const of the same shape → their sum."""
-    from pe_export.tables.detect import const_value
 
     nodes = {node.name: node for node in graph_def.node}
 
@@ -168,30 +169,30 @@ def hybrid_sums(graph_def: Any) -> dict[str, np.ndarray]:
 def splice_rebuild(
     graph_def: Any,
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]],
-    seed: tuple[str, str, tuple[int | None, ...]],
-    target: str,
+    anchor: tuple[str, str, tuple[int | None, ...]],
+    file_format: str,
     prefix_only: AbstractSet[str] = frozenset(),
 ) -> Any:
     """Replace each named Const with ops that rebuild it from stored arrays at run time.
 
     ``replacements``: node → (compressed form, original shape, rows to rebuild, storage dtype).
-    ``seed``: (input name, dtype) of a graph input. The rebuild starts from positions
-    range(L) + zero, where zero = int(max|seed| < 0) is always 0 but only known at run time:
+    ``anchor``: (input name, dtype) of a graph input. The rebuild starts from positions
+    range(L) + zero, where zero = int(max|anchor| < 0) is always 0 but only known at run time:
     that is what stops the converters from folding the rebuild back into the full table.
-    ``target`` ("tflite" or "onnx") picks how half-precision arrays are read: TFLite's GATHER
+    ``file_format`` ("tflite" or "onnx") picks how half-precision arrays are read: TFLite's GATHER
     takes no float16, so there they travel as int16 bit patterns and are bitcast.
     Tables in ``prefix_only`` are read only through slices from row 0 up to a run-time end (the
     sequence length): for those only min(L, T) rows are rebuilt, T being the seed's axis 1.
     """
     tf = import_tensorflow()
-    seed_name = seed[0]
+    anchor_name = anchor[0]
     with tf.Graph().as_default() as scratch:
-        placeholder, zero = _run_time_zero(tf, seed, SEED_SCOPE)
-        with tf.name_scope(SEED_SCOPE):
+        placeholder, zero = _run_time_zero(tf, anchor, TABLES_SCOPE)
+        with tf.name_scope(TABLES_SCOPE):
             sequence_length = tf.shape(placeholder)[1]
         for index, (node_name, (compressed, shape, rows, storage)) in enumerate(replacements.items()):
-            with tf.name_scope(f"{SEED_SCOPE}/table_{index}"):
-                store = Store(tf, compressed.arrays, storage, target, zero)
+            with tf.name_scope(f"{TABLES_SCOPE}/table_{index}"):
+                store = Store(tf, compressed.arrays, storage, file_format, zero)
                 if node_name in prefix_only:
                     positions = tf.range(tf.minimum(rows, sequence_length), dtype=tf.int32) + zero
                     axis = position_axis(shape)
@@ -200,7 +201,7 @@ def splice_rebuild(
                     positions = tf.range(rows, dtype=tf.int32) + zero
                 rebuilt = compressed.emit(tf, positions, store)
             tf.reshape(rebuilt, shape, name=node_name)
-    added = [node for node in scratch.as_graph_def().node if node.name != seed_name]
+    added = [node for node in scratch.as_graph_def().node if node.name != anchor_name]
     result = type(graph_def)()
     result.CopyFrom(graph_def)
     del result.node[:]
@@ -209,12 +210,12 @@ def splice_rebuild(
     return result
 
 
-def _run_time_zero(tf: Any, seed: tuple[str, str, tuple[int | None, ...]], scope: str) -> tuple[Any, Any]:
-    """(placeholder standing for graph input ``seed``, int32 zero = int(max|seed| < 0)), in the current graph.
+def _run_time_zero(tf: Any, anchor: tuple[str, str, tuple[int | None, ...]], scope: str) -> tuple[Any, Any]:
+    """(placeholder standing for graph input ``anchor``, int32 zero = int(max|anchor| < 0)), in the current graph.
 
     Always 0, but known only at run time: no converter can fold what depends on it.
     """
-    name, dtype, shape = seed
+    name, dtype, shape = anchor
     placeholder = tf.compat.v1.placeholder(tf.as_dtype(dtype), shape=shape, name=name)
     with tf.name_scope(scope):
         magnitude = tf.abs(tf.reshape(tf.cast(placeholder, tf.float32), [-1]))
@@ -222,7 +223,7 @@ def _run_time_zero(tf: Any, seed: tuple[str, str, tuple[int | None, ...]], scope
     return placeholder, zero
 
 
-def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str, tuple[int | None, ...]]) -> Any:
+def gathers_at_run_time(graph_def: Any, gathers: list[str], anchor: tuple[str, str, tuple[int | None, ...]]) -> Any:
     """Each named gather reads its indices through ``+ zero`` (a run-time zero), so that constant folding,
     grappler's and the converters', cannot turn a relative table gathered by a T×T distance index into a
     T×T×d (or heads×T×T) constant: the small table and the index are what the file stores."""
@@ -233,7 +234,7 @@ def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str
 
     nodes = {node.name: node for node in graph_def.node}
     with tf.Graph().as_default() as scratch:
-        _, zero = _run_time_zero(tf, seed, RELATIVE_SCOPE)
+        _, zero = _run_time_zero(tf, anchor, RELATIVE_SCOPE)
         shifted = {}
         for index, name in enumerate(gathers):
             indices = nodes[name].input[1]
@@ -243,7 +244,7 @@ def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str
                 shifted[name] = (tf.add(source, tf.cast(zero, dtype), name="at_run_time"), indices, source)
     # The scratch placeholders stand for each gather's own indices: wire the Adds to those instead.
     rename = {source.op.name: original for _, original, source in shifted.values()}
-    added = [node for node in scratch.as_graph_def().node if node.name != seed[0] and node.name not in rename]
+    added = [node for node in scratch.as_graph_def().node if node.name != anchor[0] and node.name not in rename]
     for node in added:
         node.input[:] = [rename.get(i.split(":")[0], i) for i in node.input]
     result = type(graph_def)()
@@ -256,15 +257,15 @@ def gathers_at_run_time(graph_def: Any, gathers: list[str], seed: tuple[str, str
 
 
 class Store:
-    """The stored arrays as graph constants, read the way each storage dtype and target allows.
+    """The stored arrays as graph constants, read the way each storage dtype and file_format allows.
 
     Float arrays are read only through a gather with run-time indices, then cast to float32:
     a cast of a constant would be folded back to a float32 constant by the converters. For
     float16 in TFLite, whose GATHER takes no float16, the bits travel as int16 and are bitcast.
     """
 
-    def __init__(self, tf: Any, arrays: dict[str, np.ndarray], storage: str, target: str, zero: Any) -> None:
-        self.tf, self.storage, self.target, self.zero = tf, storage, target, zero
+    def __init__(self, tf: Any, arrays: dict[str, np.ndarray], storage: str, file_format: str, zero: Any) -> None:
+        self.tf, self.storage, self.file_format, self.zero = tf, storage, file_format, zero
         self.constants = {}
         for key, array in arrays.items():
             if not np.issubdtype(array.dtype, np.floating):
@@ -273,7 +274,7 @@ class Store:
                 self.constants[key] = tf.constant(array.astype(np.float32), name=key)
             else:
                 half = array.astype(np.float16)
-                self.constants[key] = tf.constant(half.view(np.int16) if target == "tflite" else half, name=key)
+                self.constants[key] = tf.constant(half.view(np.int16) if file_format == "tflite" else half, name=key)
         self.lengths = {key: array.shape[0] for key, array in arrays.items() if array.ndim}
 
     def index(self, key: str) -> Any:
@@ -283,54 +284,9 @@ class Store:
         rows = self.tf.gather(self.constants[key], indices)
         if self.storage == "float32":
             return rows
-        if self.target == "tflite":
+        if self.file_format == "tflite":
             rows = self.tf.bitcast(rows, self.tf.float16)
         return self.tf.cast(rows, self.tf.float32)
 
     def whole(self, key: str) -> Any:
         return self.take(key, self.tf.range(self.lengths[key]) + self.zero)
-
-
-def concrete_from_graph_def(graph_def: Any, inputs: dict[str, str], outputs: dict[str, str]) -> tuple[Any, Any]:
-    """(concrete function, trackable holding it) over a GraphDef, inputs and outputs by user-facing names."""
-    tf = import_tensorflow()
-    graph_def = without_custom_gradients(graph_def)
-
-    def load() -> None:
-        tf.compat.v1.import_graph_def(graph_def, name="")
-
-    wrapped = tf.compat.v1.wrap_function(load, [])
-    graph = wrapped.graph
-    feeds = [graph.get_tensor_by_name(tensor) for tensor in inputs]
-    fetches = {name: graph.get_tensor_by_name(tensor) for tensor, name in outputs.items()}
-    pruned = wrapped.prune(feeds, fetches)
-    # A pruned function has no signature; the TFLite converter names inputs and outputs from one.
-    specs = [
-        tf.TensorSpec(feed.shape, feed.dtype, name=name) for feed, name in zip(feeds, inputs.values(), strict=True)
-    ]
-
-    def serve(*args: Any) -> Any:
-        return pruned(*args)
-
-    function = tf.function(serve, input_signature=specs, autograph=False)
-    holder = tf.Module()
-    holder.serve = function  # the TFLite converter writes a signature only for a tracked function
-    return function.get_concrete_function(), holder
-
-
-def without_custom_gradients(graph_def: Any) -> Any:
-    """A copy without custom-gradient markers (keras-hub's RoPE and others carry them).
-
-    The TFLite converter saves a concrete function as a SavedModel to write its SignatureDef; a
-    custom gradient whose function captures a tensor makes that save fail, and the converter then
-    silently falls back to a path that writes no signature. An export never needs gradients.
-    """
-    marked = [node for node in graph_def.node if "_gradient_op_type" in node.attr]
-    if not marked:
-        return graph_def
-    result = type(graph_def)()
-    result.CopyFrom(graph_def)
-    for node in result.node:
-        if "_gradient_op_type" in node.attr:
-            del node.attr["_gradient_op_type"]
-    return result

@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_SEQ_LEN, TABLE_DTYPES
-from pe_export.errors import BadInputError
-from pe_export.tables.detect import TableInfo, const_value, find_tables, position_axis
+from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_COMPRESS, MAX_SEQ_LEN, TABLE_DTYPES
+from pe_export.errors import BadInputError, check_range
+from pe_export.graphdef import const_value, node_name
+from pe_export.specs import any_dynamic_length, any_fixed_length
+from pe_export.tables.detect import TableInfo, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
 
@@ -53,10 +55,8 @@ class TableOptions:
             )
         if self.table_dtype not in TABLE_DTYPES:
             raise BadInputError(f"--table-dtype {self.table_dtype!r}; expected one of: {', '.join(TABLE_DTYPES)}")
-        if self.compress is not None and not 1 <= self.compress <= 1 << 16:
-            raise BadInputError(f"--compress {self.compress} is out of range; expected 1 to 65536 values per position")
-        if self.max_len is not None and not 2 <= self.max_len <= MAX_SEQ_LEN:
-            raise BadInputError(f"--max-len {self.max_len} is out of range; expected 2 to {MAX_SEQ_LEN}")
+        check_range("--compress", self.compress, 1, MAX_COMPRESS, " values per position")
+        check_range("--max-len", self.max_len, 2, MAX_SEQ_LEN)
 
 
 @dataclass
@@ -90,18 +90,18 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
     rows = table.rows
     length = rows.shape[0]
     result_warnings: list[str] = []
-    target, reference = rows, rows
+    wanted, exact = rows, rows
     if options.max_len is not None and options.max_len != length:
         if table.fit is not None:
-            target = reference = sinusoid_values(np.arange(options.max_len), table.fit.frequencies, table.fit.phases)
+            wanted = exact = sinusoid_values(np.arange(options.max_len), table.fit.frequencies, table.fit.phases)
         else:
-            target = reference = _resample_rows(rows, options.max_len)
+            wanted = exact = _resample_rows(rows, options.max_len)
             result_warnings.append(
                 f"{table.name}: learned table stretched from {length} to {options.max_len} rows by linear "
                 "interpolation — an approximation, not what the model was trained with"
             )
     within_budget = options.compress is not None and rows.shape[1] <= options.compress
-    plain_otherwise = options.method == "auto" and options.table_dtype == "float32" and target is rows
+    plain_otherwise = options.method == "auto" and options.table_dtype == "float32" and wanted is rows
     if not options.rewrites or (within_budget and plain_otherwise) or table.kind in POSITIONLESS_KINDS:
         # Nothing asked, the table already stores no more than K values per position, or it is a
         # relative table read by distance (small: 2K+1 rows), which is kept as it is.
@@ -110,12 +110,12 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
         return TableResult.unchanged(table, length, "a lossy auto choice broke the export's tolerance (see the note)")
     method = options.method
     if method == "auto":
-        method = _auto_method(target, table, options)
+        method = _auto_method(wanted, table, options)
         if method == "svd" and not options.allow_lossy:
-            trial = _lossy_trial(table, target, reference, options)
+            trial = _lossy_trial(table, wanted, exact, options)
             if trial is not None:
                 return trial
-    compressed = get_method(method).plan(target, table.fit, options.compress if method != "none" else None)
+    compressed = get_method(method).plan(wanted, table.fit, options.compress if method != "none" else None)
     if compressed is None:
         why = "it is not a sinusoid" if method == "angle" and table.fit is None else "it does not fit the budget"
         raise BadInputError(
@@ -125,8 +125,8 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
     storage = np.dtype(options.table_dtype)
     stored = {k: (v.astype(storage).astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v)
               for k, v in compressed.arrays.items()}  # fmt: skip
-    rebuilt = compressed.rebuild(np.arange(target.shape[0]), stored)
-    error = float(np.max(np.abs(rebuilt - reference)))
+    rebuilt = compressed.rebuild(np.arange(wanted.shape[0]), stored)
+    error = float(np.max(np.abs(rebuilt - exact)))
     if not np.isfinite(rebuilt).all():
         raise BadInputError(f"table {table.name}: the {method} rebuild in {options.table_dtype} is not finite")
     return TableResult(
@@ -136,39 +136,37 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
         bytes_before=table.nbytes,
         bytes_after=compressed.stored_bytes(storage.itemsize),
         max_error=error,
-        rows=target.shape[0],
+        rows=wanted.shape[0],
         notes=compressed.notes,
         warnings=result_warnings,
         compressed=compressed,
     )
 
 
-def _lossy_trial(
-    table: TableInfo, target: np.ndarray, reference: np.ndarray, options: TableOptions
-) -> TableResult | None:
+def _lossy_trial(table: TableInfo, wanted: np.ndarray, exact: np.ndarray, options: TableOptions) -> TableResult | None:
     """auto with no exact method in the budget: the SVD at the budget is taken only when the table's own
     error stays within ``lossy_atol``; otherwise the table is kept and the trade-off reported."""
-    plan = get_method("svd").plan(target, table.fit, options.compress)
+    plan = get_method("svd").plan(wanted, table.fit, options.compress)
     if plan is None:
-        return TableResult.unchanged(table, target.shape[0], f"no method fits {options.compress} values per position")
-    error = float(np.max(np.abs(plan.rebuild(np.arange(target.shape[0]), plan.arrays) - reference)))
+        return TableResult.unchanged(table, wanted.shape[0], f"no method fits {options.compress} values per position")
+    error = float(np.max(np.abs(plan.rebuild(np.arange(wanted.shape[0]), plan.arrays) - exact)))
     if error <= options.lossy_atol:
         return None  # within the precision's tolerance: take it (the export's parity check confirms)
     bytes_after = plan.stored_bytes(np.dtype(options.table_dtype).itemsize)
     rank, energy = plan.notes["rank"], plan.notes["energy_kept"]
     return TableResult.unchanged(
-        table, target.shape[0],
+        table, wanted.shape[0],
         f"svd rank {rank} would store {bytes_after:,} B, keep {energy:.1%} of the energy and err {error:.3g} "
         f"(over atol {options.lossy_atol:g}); --compress-method svd --allow-lossy takes it",
     )  # fmt: skip
 
 
-def _auto_method(target: np.ndarray, table: TableInfo, options: TableOptions) -> str:
+def _auto_method(wanted: np.ndarray, table: TableInfo, options: TableOptions) -> str:
     """The exact method that fits, else the best lossy one (never the seed's recipe unasked)."""
     if options.compress is None:
         return "none"
     for name in ("angle", "svd"):
-        plan = get_method(name).plan(target, table.fit, options.compress)
+        plan = get_method(name).plan(wanted, table.fit, options.compress)
         if plan is not None and plan.exact:
             return name
     return "svd"
@@ -188,7 +186,7 @@ class PreparedGraph:
     tables: list[TableInfo]
     results: list[TableResult]
     replacements: dict[str, tuple[Compressed, tuple[int, ...], int, str]] = field(default_factory=dict)
-    seed: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
+    anchor: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
     prefix_only: set[str] = field(default_factory=set)
     unfolded: int = 0  # relative gathers kept at run time (tables/graph.py gathers_at_run_time)
 
@@ -208,7 +206,7 @@ class PreparedGraph:
             lengths.append(rows)
         return min(lengths) if lengths else None
 
-    def graph_def(self, target: str) -> Any:
+    def graph_def(self, file_format: str) -> Any:
         """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time.
 
         ONNX rebuilds every row: after conversion the rebuild is made constant-only, for onnxruntime to fold
@@ -218,8 +216,8 @@ class PreparedGraph:
 
         if not self.replacements:
             return self.folded
-        prefix_only = self.prefix_only if target == "tflite" else set()
-        return splice_rebuild(self.folded, self.replacements, self.seed, target, prefix_only)
+        prefix_only = self.prefix_only if file_format == "tflite" else set()
+        return splice_rebuild(self.folded, self.replacements, self.anchor, file_format, prefix_only)
 
 
 def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:
@@ -229,7 +227,7 @@ def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = No
     Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
     at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
     """
-    if not any(len(spec.shape) > 1 and spec.shape[1] is None for spec in frozen.specs):
+    if not any_dynamic_length(frozen.specs):
         return None
     length = prepared.position_length() if prepared is not None else position_rows(loaded, frozen)
     return min(length, MAX_CHECKED_POSITIONS) if length else None
@@ -243,7 +241,7 @@ def position_rows(loaded: Any, frozen: Any) -> int | None:
 def fixed_length(frozen: Any) -> bool:
     """True when the signature (a FrozenSignature) has a fixed sequence axis: there, folding can turn tables
     computed or gathered at run time into constants."""
-    return any(len(spec.shape) > 1 and spec.shape[1] is not None for spec in frozen.specs)
+    return any_fixed_length(frozen.specs)
 
 
 def folds_relative_gather(frozen: Any) -> bool:
@@ -274,13 +272,13 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         and len(node.attr["value"].tensor.tensor_shape.dim) >= 2
     }
     hybrids = hybrid_sums(graph_def)
-    seed_tensor = next(iter(inputs))
-    seed_spec = next(s for s in frozen.specs if s.name == inputs[seed_tensor])
-    seed = (seed_tensor.split(":")[0], seed_spec.dtype, seed_spec.shape)
+    anchor_tensor = next(iter(inputs))
+    anchor_spec = next(s for s in frozen.specs if s.name == inputs[anchor_tensor])
+    anchor = (node_name(anchor_tensor), anchor_spec.dtype, anchor_spec.shape)
     # Relative tables gathered by a distance index stay gathers (no T×T×d constant), asked or not.
     relatives = relative_gathers(graph_def) if fixed_length(frozen) else []  # dynamic: nothing can fold them
-    graph_def = gathers_at_run_time(graph_def, relatives, seed)
-    input_nodes, output_nodes = [n.split(":")[0] for n in inputs], [n.split(":")[0] for n in outputs]
+    graph_def = gathers_at_run_time(graph_def, relatives, anchor)
+    input_nodes, output_nodes = [node_name(n) for n in inputs], [node_name(n) for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {
         getattr(v, "path", None) or v.name.split(":")[0]: v.numpy()
@@ -312,6 +310,6 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
         shape[position_axis(shape)] = result.rows
         replacements[result.table.node] = (result.compressed, tuple(shape), result.rows, options.table_dtype)
     prefix_only = set()
-    if len(seed_spec.shape) >= 2:
+    if len(anchor_spec.shape) >= 2:
         prefix_only = {name for name in replacements if prefix_slices_only(folded, name)}
-    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, seed, prefix_only, len(relatives))
+    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, anchor, prefix_only, len(relatives))

@@ -11,10 +11,11 @@ is ever a position table. Names only break ties (a gather by an input called ``p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
+
+from pe_export.graphdef import GraphIndex, node_name
 
 POSITION, RELATIVE, LOOKUP, KERNEL = "position", "relative", "lookup", "kernel"
 GATHER_OPS = frozenset({"GatherV2", "ResourceGather", "Gather"})
@@ -43,89 +44,37 @@ class Use:
     reason: str  # "sliced from row 0 to the sequence length at node …"
 
 
-def node_name(reference: str) -> str:
-    return reference.split(":")[0].lstrip("^")
-
-
 def short(name: str) -> str:
     """A node name without the call wrappers that inlining puts in front of it."""
     parts = [p for p in name.split("/") if p != "StatefulPartitionedCall"]
     return "/".join(parts) or name
 
 
-class GraphIndex:
-    """Nodes, consumers and (lazily) static shapes of one GraphDef."""
-
-    def __init__(self, graph_def: Any) -> None:
-        self.graph_def = graph_def
-        self.nodes = {node.name: node for node in graph_def.node}
-        self.consumers: dict[str, list[tuple[Any, int]]] = {}
-        for node in graph_def.node:
-            for position, source in enumerate(node.input):
-                if not source.startswith("^"):
-                    self.consumers.setdefault(node_name(source), []).append((node, position))
-
-    def source(self, reference: str) -> Any:
-        return self.nodes.get(node_name(reference))
-
-    @cached_property
-    def _graph(self) -> Any:
-        from pe_export.native import import_tensorflow
-
-        tf = import_tensorflow()
-        with tf.Graph().as_default() as graph:
-            tf.compat.v1.import_graph_def(self.graph_def, name="")
-        return graph
-
-    def shape(self, reference: str) -> list[int | None] | None:
-        """The static shape of a tensor (None where unknown)."""
-        name = reference if ":" in reference else reference + ":0"
-        try:
-            shape = self._graph.get_tensor_by_name(name.lstrip("^")).shape
-        except (KeyError, ValueError):
-            return None
-        return None if shape.rank is None else shape.as_list()
-
-    @cached_property
-    def runtime(self) -> set[str]:
-        """Nodes whose value depends on a graph input (computed at run time)."""
-        result: set[str] = set()
-        order = _topological(self.graph_def, self.nodes)
-        for node in order:
-            if node.op == "Placeholder" or any(node_name(i) in result for i in node.input if not i.startswith("^")):
-                result.add(node.name)
-        return result
-
-    def const_value(self, reference: str) -> np.ndarray | None:
-        node = self.source(reference)
-        while node is not None and node.op == "Identity":
-            node = self.source(node.input[0])
-        if node is None or node.op != "Const":
-            return None
-        from pe_export.tables.detect import const_value
-
-        return const_value(node)
+_SOURCE_OPS = frozenset({"Placeholder", "Range", "Cumsum", "Const"})
 
 
-def _topological(graph_def: Any, nodes: dict[str, Any]) -> list[Any]:
-    done: set[str] = set()
-    order: list[Any] = []
-    for start in graph_def.node:
-        stack = [(start, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node.name in done:
-                continue
-            if expanded:
-                done.add(node.name)
-                order.append(node)
-                continue
-            stack.append((node, True))
-            for reference in node.input:
-                source = nodes.get(node_name(reference))
-                if source is not None and source.name not in done:
-                    stack.append((source, False))
-    return order
+def _source_origin(graph: GraphIndex, node: Any) -> tuple[str, str] | None:
+    """The origin a node of _SOURCE_OPS states by itself: a graph input, a range, or a constant index."""
+    if node.op == "Placeholder":
+        return "input", node.name
+    if node.op == "Range":
+        return "range", "a range"
+    if node.op == "Cumsum":
+        return "range", "a cumulative sum (position ids counted from the mask)"
+    return _constant_index(graph.const_value(node.name))
+
+
+def _constant_index(value: np.ndarray | None) -> tuple[str, str] | None:
+    """What constant gather indices are: ("range", how) for position ids 0…n-1 in every row, ("distance",
+    how) for one index per (query, key) pair, None for anything else."""
+    if value is None or not np.issubdtype(value.dtype, np.integer) or value.size < 2:
+        return None
+    rows = value.reshape(-1, value.shape[-1])
+    if np.all(rows == np.arange(value.shape[-1])[None, :]):
+        return "range", f"constant position ids 0…{value.shape[-1] - 1}"
+    if value.ndim >= 2 and value.shape[-1] == value.shape[-2] > 1:
+        return "distance", f"a {value.shape[-2]}x{value.shape[-1]} constant index"
+    return None
 
 
 def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
@@ -140,25 +89,11 @@ def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
         node = graph.source(reference)
         if node is None or depth > _MAX_DEPTH or node.name.endswith(OWN_ZEROS):
             return None  # pe-export's own run-time zero reads an input but carries no index
-        if node.op == "Placeholder":
-            found.setdefault("input", node.name)
-            return "input"
-        if node.op in ("Range", "Cumsum"):
-            how = "a range" if node.op == "Range" else "a cumulative sum (position ids counted from the mask)"
-            found.setdefault("range", how)
-            return "range"
-        if node.op == "Const":
-            value = graph.const_value(node.name)
-            if value is None or not np.issubdtype(value.dtype, np.integer) or value.size < 2:
-                return None
-            rows = value.reshape(-1, value.shape[-1])
-            if np.all(rows == np.arange(value.shape[-1])[None, :]):
-                found.setdefault("range", f"constant position ids 0…{value.shape[-1] - 1}")
-                return "range"
-            if value.ndim >= 2 and value.shape[-1] == value.shape[-2] > 1:  # one index per (query, key) pair
-                found.setdefault("distance", f"a {value.shape[-2]}x{value.shape[-1]} constant index")
-                return "distance"
-            return None
+        if node.op in _SOURCE_OPS:
+            origin = _source_origin(graph, node)
+            if origin is not None:
+                found.setdefault(*origin)
+            return None if origin is None else origin[0]
         if node.op == "Sub":
             sides = [walk(i, depth + 1) for i in node.input[:2]]
             if sides == ["range", "range"]:
@@ -167,10 +102,7 @@ def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
             return next((s for s in sides if s is not None), None)
         if node.op in _INDEX_KEEPS or node.op in _DISTANCE_KEEPS:
             sides = [walk(i, depth + 1) for i in node.input if not i.startswith("^")]
-            for kind in ("input", "distance", "range"):
-                if kind in sides:
-                    return kind
-            return None
+            return next((kind for kind in ("input", "distance", "range") if kind in sides), None)
         if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose"):
             return walk(node.input[0], depth + 1)
         found.setdefault("other", node.op)

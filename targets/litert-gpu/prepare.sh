@@ -14,7 +14,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 seq_len=32
 rm -rf "$out" && mkdir -p "$out/wheels" "$out/debs"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-python3 -c "from pe_export.reference import task; task.load_trained_model().export('$work/encoder', verbose=False)" \
+python3 -c "from pe_export.encoders import task; task.load_trained_model().export('$work/encoder', verbose=False)" \
   > /dev/null 2>&1
 pe-export tflite "$work/encoder" --batch 1 --seq-len $seq_len -o "$out/encoder.fp32.tflite"
 pe-export tflite "$work/encoder" --batch 1 --seq-len $seq_len --quantize float16 -o "$out/encoder.float16.tflite"

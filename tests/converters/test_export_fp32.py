@@ -13,8 +13,8 @@ import pytest
 
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
+from pe_export.encoders.tiny import VOCAB
 from pe_export.errors import ExitCode
-from pe_export.reference.encoder import VOCAB
 from tests.fixtures.models import MODEL_CASES
 from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, token_feed
 

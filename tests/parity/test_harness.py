@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pe_export.encoders.tiny import MAX_LEN
 from pe_export.errors import ExitCode, RuntimeUnavailableError
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.bundle import file_sha256
 from pe_export.parity.harness import ParityAssertionError, ParityOptions, assert_parity, check_parity
 from pe_export.parity.supervisor import CHILD_PYTHON_ENV
-from pe_export.reference.encoder import MAX_LEN
 from tests.helpers import assert_one_line_error, run_cli
 
 MODEL = "encoder_multi_io"
@@ -303,7 +303,7 @@ def test_target_profile_tolerances_and_timeout_apply_under_the_command_line(
 
 def test_golden_default_length_covers_the_position_table(saved_model, variant_model, tmp_path: Path) -> None:
     from pe_export.constants import GOLDEN_SEQ_LEN, MAX_CHECKED_POSITIONS
-    from pe_export.reference.encoder import FIXED_LEN
+    from pe_export.encoders.tiny import FIXED_LEN
 
     def length(model: Path, **options: object) -> int:
         name = f"b{len(list(tmp_path.iterdir()))}"

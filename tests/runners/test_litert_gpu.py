@@ -36,8 +36,8 @@ def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo's trained encoder exported at batch 1 × 32 positions (fp32 and float16) and its golden bundle."""
     from converters.options import ExportOptions
     from pe_export.api import export_tflite
+    from pe_export.encoders import task
     from pe_export.golden import GoldenOptions, make_golden
-    from pe_export.reference import task
 
     root = tmp_path_factory.mktemp("gpu")
     task.load_trained_model().export(str(root / "encoder"), verbose=False)

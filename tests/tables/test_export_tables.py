@@ -10,8 +10,8 @@ import pytest
 
 from pe_export.api import export_onnx, export_tflite, find_position_tables
 from pe_export.converters.options import ExportOptions
+from pe_export.encoders.variants import VARIANTS
 from pe_export.errors import ExitCode
-from pe_export.reference.variants import VARIANTS
 from pe_export.tables.pipeline import TableOptions
 from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, run_cli
 

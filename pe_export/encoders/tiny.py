@@ -1,4 +1,4 @@
-"""The reference encoder: token embedding, sinusoid positions added before the first
+"""The tiny encoder the tests and benchmarks build: token embedding, sinusoid positions added before the first
 LayerNorm, multi-head attention, an exact-GELU feed-forward block, LayerNorm.
 
 Small on purpose: tests and the demo export it in seconds.

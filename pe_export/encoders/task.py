@@ -1,4 +1,4 @@
-"""The trained reference encoder: a task no model can solve without position information.
+"""The trained task encoder: a task no model can solve without position information.
 
 Task ("shift"): at every position p, output the token that stood SHIFT places earlier (0 for
 the first SHIFT positions). Attention without positions is permutation-equivariant, so a
@@ -8,9 +8,9 @@ source write-ups describe: token embedding, sinusoid positions masked by padding
 before the first LayerNorm, N blocks of multi-head attention + exact-GELU feed-forward +
 LayerNorm, dropout.
 
-    python -m pe_export.reference.task           # retrain deterministically, rewrite the weights file
-    python -m pe_export.reference.task --check   # retrain, print accuracy and digest, write nothing
-    python -m pe_export.reference.task --learned # the same with a learned position table
+    python -m pe_export.encoders.task           # retrain deterministically, rewrite the weights file
+    python -m pe_export.encoders.task --check   # retrain, print accuracy and digest, write nothing
+    python -m pe_export.encoders.task --learned # the same with a learned position table
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pe_export.api import export_tflite
 from pe_export.converters.options import ExportOptions
-from pe_export.reference import task
+from pe_export.encoders import task
 from pe_export.runners import create_runner
 from pe_export.tables.pipeline import TableOptions
 

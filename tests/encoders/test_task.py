@@ -1,4 +1,4 @@
-"""The trained reference encoder: solves its order-sensitive task; without positions it cannot."""
+"""The trained task encoder: solves its order-sensitive task; without positions it cannot."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from pe_export.reference import task
+from pe_export.encoders import task
 
 
 def test_shipped_weights_solve_the_task() -> None:
@@ -47,7 +47,7 @@ def test_training_is_deterministic() -> None:
     digests = []
     for _ in range(2):
         retrained = subprocess.run(
-            [sys.executable, "-m", "pe_export.reference.task", "--check"], capture_output=True, text=True,
+            [sys.executable, "-m", "pe_export.encoders.task", "--check"], capture_output=True, text=True,
             timeout=600, check=False,
         )  # fmt: skip
         assert retrained.returncode == 0, retrained.stderr[-2000:]
