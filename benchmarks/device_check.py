@@ -134,9 +134,19 @@ def main() -> None:
         subprocess.run([str(polygraphy), str(work / "polygraphy_files.py"), str(bundle), str(work)], check=True)
         tool = polygraphy.parent / "polygraphy"
         commands[("onnx", "polygraphy run")] = [
-            str(tool), "run", str(models["onnx"]), "--onnxrt", "--load-inputs", str(work / "inputs.json"),
-            "--load-outputs", str(work / "outputs.json"), "--atol", "1e-4", "--rtol", "1e-4",
-        ]  # fmt: skip
+            str(tool),
+            "run",
+            str(models["onnx"]),
+            "--onnxrt",
+            "--load-inputs",
+            str(work / "inputs.json"),
+            "--load-outputs",
+            str(work / "outputs.json"),
+            "--atol",
+            "1e-4",
+            "--rtol",
+            "1e-4",
+        ]
     figures: dict[tuple[str, str], list[tuple[float, float, int]]] = {key: [] for key in commands}
     for _ in range(args.runs):  # interleaved, so that drift hits every command alike
         for key, command in commands.items():
@@ -148,8 +158,10 @@ def main() -> None:
         bare = figures[(kind, "bare script")]
         bare_wall, bare_peak = statistics.median(r[0] for r in bare), statistics.median(r[1] for r in bare)
         codes = sorted({r[2] for r in runs})
-        print(f"{kind:<7} {name:<17} {wall:>7.3f} {wall / bare_wall:>6.2f}x {peak:>13.1f} {peak / bare_peak:>6.2f}x "
-              f"{','.join(map(str, codes)):>5}")  # fmt: skip
+        print(
+            f"{kind:<7} {name:<17} {wall:>7.3f} {wall / bare_wall:>6.2f}x {peak:>13.1f} {peak / bare_peak:>6.2f}x "
+            f"{','.join(map(str, codes)):>5}"
+        )
     print(json.dumps({f"{k}/{n}": runs for (k, n), runs in figures.items()}), file=open(work / "figures.json", "w"))
 
 

@@ -33,16 +33,22 @@ VARIANTS = (
     ("float16", {"quantize": "float16"}),
     ("dynamic-int8", {"quantize": "dynamic-int8"}),
     ("--compress 16 (auto)", {"tables": TableOptions(compress=16)}),
-    *((f"svd rank {2 * k // 3} (--compress {k})",
-       {"tables": TableOptions(compress=k, method="svd", allow_lossy=True)}) for k in (24, 12, 6, 3, 2)),
-)  # fmt: skip
+    *(
+        (
+            f"svd rank {2 * k // 3} (--compress {k})",
+            {"tables": TableOptions(compress=k, method="svd", allow_lossy=True)},
+        )
+        for k in (24, 12, 6, 3, 2)
+    ),
+)
 
 
 def task_accuracy(path: Path, runtime: str) -> float:
     tokens, labels = task.task_data(task.TEST_SAMPLES, task.TEST_SEED)
     with create_runner(runtime, path) as runner:
-        logits = np.concatenate([runner.infer({"token_ids": tokens[i : i + 250]})[task.LABEL_OUTPUT]
-                                 for i in range(0, len(tokens), 250)])  # fmt: skip
+        logits = np.concatenate(
+            [runner.infer({"token_ids": tokens[i : i + 250]})[task.LABEL_OUTPUT] for i in range(0, len(tokens), 250)]
+        )
     return task.accuracy(logits, labels)
 
 
@@ -59,8 +65,11 @@ def main() -> None:
             (table,) = report.tables or [None]
             stored = f"{table.bytes_after:,}" if table else "-"
             error = f"{table.max_error:.3g}" if table else "-"
-            print(f"{target:<7} {label:<26} {int(report.exit_code):>4} {report.summary.file_bytes:>9,} {stored:>8} "
-                  f"{error:>9} {task_accuracy(path, RUNNERS[target]):>8.4f}", flush=True)  # fmt: skip
+            print(
+                f"{target:<7} {label:<26} {int(report.exit_code):>4} {report.summary.file_bytes:>9,} {stored:>8} "
+                f"{error:>9} {task_accuracy(path, RUNNERS[target]):>8.4f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -77,9 +77,11 @@ def main() -> None:
     parser.add_argument("--family", action="append", choices=list(FAMILIES))
     args = parser.parse_args()
     import_tensorflow()
-    header = (f"{'family':<12} {'tables found':<28} {'n':>2} {'table B':>8} {'stored B':>8} {'tflite B':>10} "
-              f"{'c64 B':>10} {'err':>8} {'onnx B':>10} {'c64 B':>10} {'err':>8} {'flex':<22} "
-              f"{'export s':>8}")  # fmt: skip
+    header = (
+        f"{'family':<12} {'tables found':<28} {'n':>2} {'table B':>8} {'stored B':>8} {'tflite B':>10} "
+        f"{'c64 B':>10} {'err':>8} {'onnx B':>10} {'c64 B':>10} {'err':>8} {'flex':<22} "
+        f"{'export s':>8}"
+    )
     print(header)
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.family or list(FAMILIES):
@@ -89,11 +91,14 @@ def main() -> None:
             errors = [row[k] for k in ("tflite_plain_err", "tflite_c64_err") if k in row]
             onnx_errors = [row[k] for k in ("onnx_plain_err", "onnx_c64_err") if k in row]
             seconds = [row[k] for k in row if str(k).endswith("_s")]
-            print(f"{name:<12} {row['tables'][:28]:<28} {row['count']:>2} {row['table_bytes']:>8,} "
-                  f"{cell('stored'):>8} {cell('tflite_plain'):>10} {cell('tflite_c64'):>10} "
-                  f"{(f'{max(errors):.1e}' if errors else '-'):>8} {cell('onnx_plain'):>10} {cell('onnx_c64'):>10} "
-                  f"{(f'{max(onnx_errors):.1e}' if onnx_errors else '-'):>8} {cell('tflite_flex'):<22} "
-                  f"{(f'{sum(seconds) / len(seconds):.1f}' if seconds else '-'):>8}", flush=True)  # fmt: skip
+            print(
+                f"{name:<12} {row['tables'][:28]:<28} {row['count']:>2} {row['table_bytes']:>8,} "
+                f"{cell('stored'):>8} {cell('tflite_plain'):>10} {cell('tflite_c64'):>10} "
+                f"{(f'{max(errors):.1e}' if errors else '-'):>8} {cell('onnx_plain'):>10} {cell('onnx_c64'):>10} "
+                f"{(f'{max(onnx_errors):.1e}' if onnx_errors else '-'):>8} {cell('tflite_flex'):<22} "
+                f"{(f'{sum(seconds) / len(seconds):.1f}' if seconds else '-'):>8}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

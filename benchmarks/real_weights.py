@@ -92,8 +92,13 @@ def measure(path: Path, runtime: str, feeds: list[dict[str, np.ndarray]], runs: 
         outputs = [runner.infer(feed)["sequence_output"] for feed in feeds]
     feed = path.with_suffix(".feed.npz")
     np.savez(feed, **feeds[1])
-    timed = subprocess.run([sys.executable, "-c", TIMING, str(path), runtime, str(feed), str(runs)],
-                           capture_output=True, text=True, check=True, cwd=REPO)  # fmt: skip
+    timed = subprocess.run(
+        [sys.executable, "-c", TIMING, str(path), runtime, str(feed), str(runs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     return outputs, float(timed.stdout.strip().splitlines()[-1])
 
 
@@ -120,12 +125,16 @@ def main() -> None:
     saved, tokenizer, sentences = minilm()
     given, held_out = sentence_feeds(tokenizer, SENTENCES), sentence_feeds(tokenizer, HELD_OUT)
     signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    reference = [signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()
-                 for feed in given + held_out]  # fmt: skip
+    reference = [
+        signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()
+        for feed in given + held_out
+    ]
     text = TextInputs(sentences, tokenizer)
     work = Path(tempfile.mkdtemp(prefix="pe-export-real-"))
-    print(f"{'format':<7} {'variant':<38} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
-          f"{'p50 ms':>8} {'× fp32':>7}")  # fmt: skip
+    print(
+        f"{'format':<7} {'variant':<38} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
+        f"{'p50 ms':>8} {'× fp32':>7}"
+    )
     base: dict[str, tuple[int, float]] = {}
     for index, (label, target, extra) in enumerate(VARIANTS):
         path = work / f"{index}.{target}"
@@ -142,10 +151,12 @@ def main() -> None:
         size = path.stat().st_size
         base.setdefault(target, (size, p50))
         cut = len(given)
-        print(f"{target:<7} {label:<38} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x "
-              f"{worst_cosine(outputs[:cut], reference[:cut]):>10.7f} "
-              f"{worst_cosine(outputs[cut:], reference[cut:]):>10.7f} {p50:>8.2f} {p50 / base[target][1]:>6.2f}x",
-              flush=True)  # fmt: skip
+        print(
+            f"{target:<7} {label:<38} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x "
+            f"{worst_cosine(outputs[:cut], reference[:cut]):>10.7f} "
+            f"{worst_cosine(outputs[cut:], reference[cut:]):>10.7f} {p50:>8.2f} {p50 / base[target][1]:>6.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

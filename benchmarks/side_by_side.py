@@ -78,9 +78,11 @@ def main() -> None:
     saved_model = work / "encoder"
     sinusoid_encoder(None).export(str(saved_model), verbose=False)
     feed = {"token_ids": np.random.default_rng(0).integers(1, 64, (1, args.seq_len)).astype(np.int32)}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}; "
-          f"Python {platform.python_version()}; TFLite and ONNX Runtime one thread, TensorFlow its default pool; "
-          f"batch 1, sequence {args.seq_len}")  # fmt: skip
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}; "
+        f"Python {platform.python_version()}; TFLite and ONNX Runtime one thread, TensorFlow its default pool; "
+        f"batch 1, sequence {args.seq_len}"
+    )
     tf_ms = p50_ms(SavedModelRunner(saved_model), feed, args.runs)
     tf_bytes = sum(p.stat().st_size for p in saved_model.rglob("*") if p.is_file())
     print(f"{'variant':<27} {'file B':>12} {'p50 ms':>8} {'× TF':>6} {'max abs err':>11}")
@@ -93,8 +95,10 @@ def main() -> None:
         error = f"{report.parity.max_abs:.2g}" if report.parity else "-"
         print(f"{name:<27} {report.summary.file_bytes:>12,} {ms:>8.2f} {ms / tf_ms:>6.2f} {error:>11}")
     bare, ours = conversion_times(saved_model, work)
-    print(f"conversion: bare TFLiteConverter.from_saved_model {bare:.2f} s, pe-export tflite (no verify) "
-          f"{ours:.2f} s: {ours / bare:.2f}x")  # fmt: skip
+    print(
+        f"conversion: bare TFLiteConverter.from_saved_model {bare:.2f} s, pe-export tflite (no verify) "
+        f"{ours:.2f} s: {ours / bare:.2f}x"
+    )
 
 
 if __name__ == "__main__":

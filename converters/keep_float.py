@@ -40,13 +40,17 @@ class KeepFloatOutcome:
     def notes(self, what: str) -> list[str]:
         before = "".join(f"{step}; " for step in self.steps)
         if not self.kept_float:
-            return [f"int8: {before}all {self.candidates} {what} quantized, worst cosine {self.cosine:.6f} against "
-                    "the float model"]  # fmt: skip
+            return [
+                f"int8: {before}all {self.candidates} {what} quantized, worst cosine {self.cosine:.6f} against "
+                "the float model"
+            ]
         names = ", ".join(_short(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
-        return [f"int8: {before}{len(self.kept_float)} of {self.candidates} {what} kept in float, the most sensitive "
-                f"per weight byte first ({names}; +{self.float_bytes:,} B over int8); worst cosine "
-                f"{self.cosine:.6f} against the float model, which {verdict} the target"]  # fmt: skip
+        return [
+            f"int8: {before}{len(self.kept_float)} of {self.candidates} {what} kept in float, the most sensitive "
+            f"per weight byte first ({names}; +{self.float_bytes:,} B over int8); worst cosine "
+            f"{self.cosine:.6f} against the float model, which {verdict} the target"
+        ]
 
 
 def keep_float_to_target(

@@ -79,9 +79,11 @@ def convert_onnx(
         model = _dynamic_int8(model, options, judge, notes)
     elif options.quantize == "weight-int8":
         model, count, replaced = weight_only_int8(model)
-        notes.append(f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
-                     "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
-                     "memory after loading stay float32's")  # fmt: skip
+        notes.append(
+            f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
+            "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
+            "memory after loading stay float32's"
+        )
     tables = len(prepared.replacements) if prepared is not None else 0
     rebuilt = tables > 0 and rebuild_tables_at_load(model, RUN_TIME_ZERO) > 0
     if rebuilt:

@@ -66,9 +66,15 @@ def quantize_to_target(
     if smoothing.smoothed:
         steps.append(smoothing.note())
     outcome = keep_float_to_target(
-        quantizable_nodes(smoothed), weight_bytes(smoothed), lambda kept: _quantize(smoothed, kept), _run,
-        feeds, masks, tolerance, expected,
-    )  # fmt: skip
+        quantizable_nodes(smoothed),
+        weight_bytes(smoothed),
+        lambda kept: _quantize(smoothed, kept),
+        _run,
+        feeds,
+        masks,
+        tolerance,
+        expected,
+    )
     outcome.steps = steps
     return outcome
 
@@ -102,8 +108,14 @@ def _quantize(model: Any, excluded: list[str]) -> Any:
         level = root.level
         root.setLevel(logging.ERROR)  # the quantizer logs a pre-processing hint on every call
         try:
-            quantize_dynamic(model, str(target), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=excluded)  # fmt: skip
+            quantize_dynamic(
+                model,
+                str(target),
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=list(QUANTIZED_OPS),
+                nodes_to_exclude=excluded,
+            )
         finally:
             root.setLevel(level)
         return onnx.load(str(target))
@@ -115,9 +127,10 @@ def _run(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
-                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
     names = names or [output.name for output in session.get_outputs()]
     inputs = {i.name for i in session.get_inputs()}
-    return [dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in inputs}), strict=True))
-            for feed in feeds]  # fmt: skip
+    return [
+        dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in inputs}), strict=True))
+        for feed in feeds
+    ]

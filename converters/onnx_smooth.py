@@ -78,8 +78,9 @@ def _with_outputs(model: Any, names: list[str]) -> Any:
     return probe
 
 
-def _rewrite(graph: Any, readers: dict[str, list[Any]], scaled: dict[str, np.ndarray],
-             initializers: dict[str, Any]) -> None:  # fmt: skip
+def _rewrite(
+    graph: Any, readers: dict[str, list[Any]], scaled: dict[str, np.ndarray], initializers: dict[str, Any]
+) -> None:
     """Mul(x, 1/s) before the MatMuls that read x; their weights' rows times s."""
     from onnx import helper, numpy_helper
 

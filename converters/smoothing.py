@@ -27,9 +27,11 @@ class Smoothing:
     error_after: float
 
     def note(self) -> str:
-        return (f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
-                f"{self.what} inputs; simulated int8 error {self.error_before:.2e} → "
-                f"{self.error_after:.2e})")  # fmt: skip
+        return (
+            f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
+            f"{self.what} inputs; simulated int8 error {self.error_before:.2e} → "
+            f"{self.error_after:.2e})"
+        )
 
 
 def choose_scales(
@@ -44,8 +46,10 @@ def choose_scales(
         best_error, best_alpha, best_scale = np.inf, 0.0, None
         for alpha in ALPHAS:
             scale = migration_scale(rows, weight, alpha)
-            error = sum(float(np.square(product(r / scale, weight * scale[:, None]) - e).sum())
-                        for r, e in zip(rows, exact, strict=True))  # fmt: skip
+            error = sum(
+                float(np.square(product(r / scale, weight * scale[:, None]) - e).sum())
+                for r, e in zip(rows, exact, strict=True)
+            )
             before += error if alpha == 0.0 else 0.0
             if error < best_error:
                 best_error, best_alpha, best_scale = error, alpha, scale

@@ -55,8 +55,14 @@ def convert_tflite(
         if feeds:
             from pe_export.converters.tflite_int8 import int8_to_target
 
-            float_file, _ = _convert(source, replace(options, quantize="none"), None, quiet=quiet,
-                                     allow_flex=not options.builtins_only, graph=graph)  # fmt: skip
+            float_file, _ = _convert(
+                source,
+                replace(options, quantize="none"),
+                None,
+                quiet=quiet,
+                allow_flex=not options.builtins_only,
+                graph=graph,
+            )
             outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance)
             data = outcome.model
             notes = [*notes, *outcome.notes("int8 weights")]
@@ -116,8 +122,10 @@ def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:
     notes = []
     graph_def, count = new_axis_slices_to_expand_dims(graph_def)
     if count:
-        notes.append(f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as "
-                     f"ExpandDims: without it they needed {SLICE_FLEX_OP}")  # fmt: skip
+        notes.append(
+            f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as "
+            f"ExpandDims: without it they needed {SLICE_FLEX_OP}"
+        )
     graph_def, count = int64_ops_through_int32(graph_def)
     if count:
         notes.append(
@@ -195,8 +203,10 @@ def _convert(
         raise ConversionError(f"TFLite converter failed: {converter_error_summary(failure)}") from failure
     if not summarize_tflite_bytes(data, source.loaded.path).signatures:
         # The converter falls back silently to a path that writes no SignatureDef; no runner can use that file.
-        raise ConversionError("the TFLite converter wrote no SignatureDef (its SavedModel step failed); "
-                              "this is a pe-export bug worth reporting with the model")  # fmt: skip
+        raise ConversionError(
+            "the TFLite converter wrote no SignatureDef (its SavedModel step failed); "
+            "this is a pe-export bug worth reporting with the model"
+        )
     return data, log.text
 
 

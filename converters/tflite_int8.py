@@ -241,9 +241,15 @@ def int8_to_target(
         smoothing = edited.smooth(_captured(float_file, feeds, list(edited.smoothable()), folder))
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
         outcome = keep_float_to_target(
-            list(edited.weights), sizes, edited.build, lambda data, f: _run(data, f, folder),
-            feeds, masks, tolerance, expected,
-        )  # fmt: skip
+            list(edited.weights),
+            sizes,
+            edited.build,
+            lambda data, f: _run(data, f, folder),
+            feeds,
+            masks,
+            tolerance,
+            expected,
+        )
     if smoothing.smoothed:
         outcome.steps.append(smoothing.note())
     return outcome
@@ -260,8 +266,9 @@ def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return x_q @ per_channel_int8(weight, WEIGHT_LEVELS)
 
 
-def _captured(data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str],
-              folder: Path) -> dict[str, list[np.ndarray]]:  # fmt: skip
+def _captured(
+    data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str], folder: Path
+) -> dict[str, list[np.ndarray]]:
     """The named tensors of the float32 file on every feed (no delegate: it would keep them internal)."""
     from pe_export.native import capture_native_output
     from pe_export.runners import create_runner
@@ -271,8 +278,12 @@ def _captured(data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str],
     runner: Any = create_runner(_runtime(path), path)  # a TFLite runner: it has interpreter_class
     interpreter_class = runner.interpreter_class()  # the runtime _run uses
     with capture_native_output():
-        interpreter = interpreter_class(model_path=str(path), num_threads=1, experimental_preserve_all_tensors=True,
-                                        experimental_op_resolver_type=_no_delegates(interpreter_class))  # fmt: skip
+        interpreter = interpreter_class(
+            model_path=str(path),
+            num_threads=1,
+            experimental_preserve_all_tensors=True,
+            experimental_op_resolver_type=_no_delegates(interpreter_class),
+        )
     indices = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
     runner = interpreter.get_signature_runner()
     inputs = set(runner.get_input_details())

@@ -73,8 +73,10 @@ class ExportReport:
             if self.kept_failed is not None:
                 what = f"{self.output} was not written; the failing file is kept as {self.kept_failed} (--keep-failed):"
             else:
-                what = (f"{self.output} was not written (--keep-failed keeps a failing file as "
-                        f"{failed_output_path(self.output).name}):")  # fmt: skip
+                what = (
+                    f"{self.output} was not written (--keep-failed keeps a failing file as "
+                    f"{failed_output_path(self.output).name}):"
+                )
             if lossy:
                 raise ParityError(
                     f"{what} lossy table compression breaks parity ({lossy}): {self.parity.failure_message()}. "
@@ -88,8 +90,9 @@ class ExportReport:
             )
 
 
-def export_tflite(saved_model: Path, output: Path | None, options: ExportOptions, *,
-                  quiet: bool = True) -> ExportReport:  # fmt: skip
+def export_tflite(
+    saved_model: Path, output: Path | None, options: ExportOptions, *, quiet: bool = True
+) -> ExportReport:
     """A SavedModel, .keras file or checkpoint folder → verified .tflite at ``output`` (None:
     ``default_output_path``)."""
     return _export("tflite", _export_tflite, saved_model, output, options, quiet)
@@ -101,8 +104,9 @@ def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, 
     return _export("onnx", _export_onnx, saved_model, output, options, quiet)
 
 
-def _export(file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions,
-            quiet: bool) -> ExportReport:  # fmt: skip
+def _export(
+    file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions, quiet: bool
+) -> ExportReport:
     from pe_export.sources import model_source
 
     output = default_output_path(given, file_format) if output is None else Path(output)
@@ -127,8 +131,9 @@ def failed_output_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}.FAILED{output.suffix}")
 
 
-def _judged_by_accuracy(export: Any, source: ModelSource, output: Path, options: ExportOptions,
-                        quiet: bool) -> ExportReport:  # fmt: skip
+def _judged_by_accuracy(
+    export: Any, source: ModelSource, output: Path, options: ExportOptions, quiet: bool
+) -> ExportReport:
     """--compress with auto never fails for want of an exact method: a lossy table it chose that breaks the
     file's tolerance end to end is kept instead, the file made again, and the measured trade-off reported."""
     report = export(source, output, options, quiet=quiet)
@@ -166,13 +171,27 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
                 yield {name: array[row : row + 1, :length] for name, array in feed.items()}
             return
         for seed in range(CALIBRATION_SAMPLES):
-            yield generate_inputs(job.specs, job.bounds, batch=VERIFY_BATCH, seq_len=job.check_length,
-                                  seed=VERIFY_SEED + 1 + seed, padded=bool(seed % 2))  # fmt: skip
+            yield generate_inputs(
+                job.specs,
+                job.bounds,
+                batch=VERIFY_BATCH,
+                seq_len=job.check_length,
+                seed=VERIFY_SEED + 1 + seed,
+                padded=bool(seed % 2),
+            )
 
     data, log, notes = _no_larger_than_plain(
-        job, lambda prepared: convert_tflite(job.loaded, job.frozen, options, calibration, quiet=quiet,
-                                             prepared=prepared, judge=job.judge_feeds if options.verify else None),
-    )  # fmt: skip
+        job,
+        lambda prepared: convert_tflite(
+            job.loaded,
+            job.frozen,
+            options,
+            calibration,
+            quiet=quiet,
+            prepared=prepared,
+            judge=job.judge_feeds if options.verify else None,
+        ),
+    )
     data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
@@ -185,9 +204,11 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
     job = _prepare("onnx", source, Path(output), options)
 
     data, log, notes = _no_larger_than_plain(
-        job, lambda prepared: convert_onnx(job.frozen, options, quiet=quiet, prepared=prepared,
-                                           judge=job.judge_feeds if options.verify else None),
-    )  # fmt: skip
+        job,
+        lambda prepared: convert_onnx(
+            job.frozen, options, quiet=quiet, prepared=prepared, judge=job.judge_feeds if options.verify else None
+        ),
+    )
     model = import_onnx().load_from_string(data)
     embed_onnx_metadata(model, job.provenance)
     data = model.SerializeToString()
@@ -207,8 +228,10 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
         return data, log, notes
     assert job.prepared is not None
     job.prepared.results = [result.kept("the rebuild made the file larger") for result in job.prepared.results]
-    note = (f"--compress: with the tables rebuilt the file was {len(data):,} B, plain {len(plain):,} B (the rebuild's "
-            "ops outweigh the table bytes saved): the plain file is written")  # fmt: skip
+    note = (
+        f"--compress: with the tables rebuilt the file was {len(data):,} B, plain {len(plain):,} B (the rebuild's "
+        "ops outweigh the table bytes saved): the plain file is written"
+    )
     return plain, plain_log, [*plain_notes, note]
 
 
@@ -264,8 +287,9 @@ class _Job:
         if self.options.text is not None:
             from pe_export.text_inputs import text_feed
 
-            feed, valid = text_feed(self.specs, self.bounds, self.options.text, self.given or self.source,
-                                    self.check_length)  # fmt: skip
+            feed, valid = text_feed(
+                self.specs, self.bounds, self.options.text, self.given or self.source, self.check_length
+            )
             return {"text": feed}, {"text": valid}
         from pe_export.golden import user_batches
         from pe_export.parity.bundle import read_npz
@@ -307,15 +331,26 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
     if options.tables.rewrites or folds_relative_gather(frozen):
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
         prepared = prepare_graph(loaded, frozen, tables)
-    job = _Job(file_format, saved_model, output, options, loaded, signature_name, provenance, frozen, prepared,
-               given=source.given)  # fmt: skip
+    job = _Job(
+        file_format,
+        saved_model,
+        output,
+        options,
+        loaded,
+        signature_name,
+        provenance,
+        frozen,
+        prepared,
+        given=source.given,
+    )
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
 
 
-def _check_length_fits_tables(loaded: LoadedSavedModel, signature: Any, model_specs: list[TensorSpec],
-                              frozen: FrozenSignature, seq_len: int) -> None:  # fmt: skip
+def _check_length_fits_tables(
+    loaded: LoadedSavedModel, signature: Any, model_specs: list[TensorSpec], frozen: FrozenSignature, seq_len: int
+) -> None:
     """--seq-len past a dynamic-length model's position table: what to do instead, in one line."""
     from pe_export.savedmodel import FrozenSignature
     from pe_export.tables.pipeline import fixed_length, position_rows
@@ -359,8 +394,9 @@ def verification_feeds(
     """
     feeds, valid = {}, {}
     for case, padded in (("random", False), ("padded", True)):
-        feeds[case] = generate_inputs(specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=VERIFY_SEED,
-                                      padded=padded)  # fmt: skip
+        feeds[case] = generate_inputs(
+            specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=VERIFY_SEED, padded=padded
+        )
         batch, length = feed_shape(feeds[case]) or (VERIFY_BATCH, seq_len)  # a fixed shape keeps its own
         valid[case] = valid_positions(batch, length, padded=padded)
     return feeds, valid
@@ -370,9 +406,17 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
     """Stage the file beside its output path, verify it there, and only then put it at the output path: a file
     that fails verification, or a run interrupted before the end, leaves nothing at the output."""
     report = ExportReport(
-        job.file_format, job.source, job.output, job.signature, job.specs, job.options, summary, converter_log=log,
-        tables=job.prepared.results if job.prepared else [], notes=notes or [],
-    )  # fmt: skip
+        job.file_format,
+        job.source,
+        job.output,
+        job.signature,
+        job.specs,
+        job.options,
+        summary,
+        converter_log=log,
+        tables=job.prepared.results if job.prepared else [],
+        notes=notes or [],
+    )
     with staged_file(job.output) as staged:
         write_staged(staged, data, job.output)
         if job.options.verify:
@@ -416,8 +460,13 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
     with create_runner(runner_name, path) as candidate:
         load_s = time.perf_counter() - started
-        outputs = compare_batches(candidate, batches, tolerances, model_name=job.output.name,
-                                  progress=lambda: done.append(time.perf_counter() - started))  # fmt: skip
+        outputs = compare_batches(
+            candidate,
+            batches,
+            tolerances,
+            model_name=job.output.name,
+            progress=lambda: done.append(time.perf_counter() - started),
+        )
         runtime = candidate.describe()
     shape = feed_shape(batches[0].inputs)
     return ParityReport(

@@ -139,16 +139,21 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
     runtime = resolve_runtime(model, options.runtime)
     extra = runner_options(
-        runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
-        gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,
-    )  # fmt: skip
+        runtime,
+        threads=options.threads,
+        providers=options.providers,
+        tf32=options.tf32,
+        gpu_precision=options.gpu_precision,
+        cpu_fallback=options.cpu_fallback,
+    )
     started = time.perf_counter()
     runner = create_runner(runtime, model, **extra)
     runner.activate()
     try:
         init_ms = (time.perf_counter() - started) * 1e3
-        feed = generate_inputs(runner.input_specs(), {}, batch=options.batch, seq_len=options.seq_len, seed=0,
-                               padded=False)  # fmt: skip
+        feed = generate_inputs(
+            runner.input_specs(), {}, batch=options.batch, seq_len=options.seq_len, seed=0, padded=False
+        )
         batch, seq_len = _feed_batch_and_length(feed, options)
         started = time.perf_counter()
         try:
@@ -166,14 +171,28 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
     samples = np.array(times)
     p50 = float(np.percentile(samples, 50))
     latency = {
-        "p50": p50, "p90": float(np.percentile(samples, 90)), "p99": float(np.percentile(samples, 99)),
-        "mean": float(samples.mean()), "std": float(statistics.pstdev(times)), "min": float(samples.min()),
+        "p50": p50,
+        "p90": float(np.percentile(samples, 90)),
+        "p99": float(np.percentile(samples, 99)),
+        "mean": float(samples.mean()),
+        "std": float(statistics.pstdev(times)),
+        "min": float(samples.min()),
         "max": float(samples.max()),
-    }  # fmt: skip
+    }
     return BenchResult(
-        schema=BENCH_SCHEMA_VERSION, model=str(model), file_bytes=model.stat().st_size, runtime=describe,
-        threads=options.threads, batch=batch, seq_len=seq_len, runs=options.runs,
-        warmup=options.warmup, init_ms=init_ms, first_inference_ms=first_ms, latency_ms=latency,
-        sequences_per_s=batch * 1e3 / p50, tokens_per_s=batch * seq_len * 1e3 / p50,
+        schema=BENCH_SCHEMA_VERSION,
+        model=str(model),
+        file_bytes=model.stat().st_size,
+        runtime=describe,
+        threads=options.threads,
+        batch=batch,
+        seq_len=seq_len,
+        runs=options.runs,
+        warmup=options.warmup,
+        init_ms=init_ms,
+        first_inference_ms=first_ms,
+        latency_ms=latency,
+        sequences_per_s=batch * 1e3 / p50,
+        tokens_per_s=batch * seq_len * 1e3 / p50,
         peak_rss_mb=peak_rss_mb(),
-    )  # fmt: skip
+    )

@@ -72,35 +72,69 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         options = [
             click.argument("saved_model", type=click.Path(path_type=Path)),
-            click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-                         help="File to write (default: <SAVED_MODEL folder name>.tflite/.onnx here)."),
+            click.option(
+                "-o",
+                "--output",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="File to write (default: <SAVED_MODEL folder name>.tflite/.onnx here).",
+            ),
             click.option("--signature", default=None, help="SavedModel signature (default: serving_default)."),
             click.option("--seq-len", type=int, default=None, help="Fix the sequence axis to this length."),
             click.option("--dynamic-seq", is_flag=True, help="Make the sequence axis dynamic."),
             click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
             click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
-            click.option("--text", type=click.Path(path_type=Path), default=None,
-                         help="Verify (and calibrate or judge int8) on these sentences, one per line."),
-            click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
-                         help="tokenizer.json for --text (default: beside or inside the SavedModel)."),
-            click.option("--inputs", type=click.Path(path_type=Path), default=None,
-                         help="Verify (and calibrate or judge int8) on these inputs (.npz by input name)."),
-            click.option("--min-cosine", type=float, default=None,
-                         help="Ask more than the precision's cosine (the check, and what int8 must reach)."),
+            click.option(
+                "--text",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="Verify (and calibrate or judge int8) on these sentences, one per line.",
+            ),
+            click.option(
+                "--tokenizer",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="tokenizer.json for --text (default: beside or inside the SavedModel).",
+            ),
+            click.option(
+                "--inputs",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="Verify (and calibrate or judge int8) on these inputs (.npz by input name).",
+            ),
+            click.option(
+                "--min-cosine",
+                type=float,
+                default=None,
+                help="Ask more than the precision's cosine (the check, and what int8 must reach).",
+            ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
-            click.option("--keep-failed", is_flag=True,
-                         help="Keep a file that fails verification, as NAME.FAILED.ext (default: nothing is written)."),
+            click.option(
+                "--keep-failed",
+                is_flag=True,
+                help="Keep a file that fails verification, as NAME.FAILED.ext (default: nothing is written).",
+            ),
             click.option("--compress", type=int, default=None, help="Store at most K values per position in tables."),
-            click.option("--compress-method", type=_CompressMethods(), default="auto",
-                         show_default=True, help="angle: exact for sinusoids; svd: lossy; interp: the seed's recipe."),
-            click.option("--table-dtype", type=click.Choice(list(TABLE_DTYPES)), default="float32", show_default=True,
-                         help="Storage precision of position tables (computed in float64 first)."),
+            click.option(
+                "--compress-method",
+                type=_CompressMethods(),
+                default="auto",
+                show_default=True,
+                help="angle: exact for sinusoids; svd: lossy; interp: the seed's recipe.",
+            ),
+            click.option(
+                "--table-dtype",
+                type=click.Choice(list(TABLE_DTYPES)),
+                default="float32",
+                show_default=True,
+                help="Storage precision of position tables (computed in float64 first).",
+            ),
             click.option("--max-len", type=int, default=None, help="Regenerate/extend position tables to N rows."),
             click.option("--allow-lossy", is_flag=True, help="Accept lossy table compression that breaks parity."),
             click.option("--table", "table_names", multiple=True, help="Also treat this constant as a position table."),
             click.option("--list-tables", is_flag=True, help="Only list the position tables found; write nothing."),
-        ]  # fmt: skip
+        ]
         for option in reversed(options):
             function = option(function)
         return function
@@ -263,8 +297,12 @@ def inspect(path: Path, signature: str | None) -> int:
     help="Task labels for --inputs (.npz by output name; class ids, -1 = ignore).",
 )
 @click.option("--text", type=click.Path(path_type=Path), default=None, help="Sentences, one per line, as the inputs.")
-@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
-              help="tokenizer.json for --text (default: beside or inside the SavedModel).")  # fmt: skip
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="tokenizer.json for --text (default: beside or inside the SavedModel).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
 def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path | None, **values: Any) -> int:
@@ -316,8 +354,7 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 @_gpu_options
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json and --plot files.")
-def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, overwrite: bool,
-           **values: Any) -> int:  # fmt: skip
+def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, overwrite: bool, **values: Any) -> int:
     """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
     from pe_export.fileio import atomic_write_bytes, check_output_path
     from pe_export.parity.harness import ParityOptions, check_parity
@@ -392,9 +429,13 @@ def bench(model: Path, json_path: Path | None, overwrite: bool, **values: Any) -
     settings = dict(profile.bench) if profile else {}
     given = {key: values[key] for key in ("threads", "batch", "seq_len", "runs", "warmup") if values[key] is not None}
     options = BenchOptions(
-        runtime=runtime, providers=providers, tf32=values["tf32"], gpu_precision=values["gpu_precision"],
-        cpu_fallback=values["cpu_fallback"], **{**settings, **given},
-    )  # fmt: skip
+        runtime=runtime,
+        providers=providers,
+        tf32=values["tf32"],
+        gpu_precision=values["gpu_precision"],
+        cpu_fallback=values["cpu_fallback"],
+        **{**settings, **given},
+    )
     with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
 
         def advance(done: int, total: int) -> None:
@@ -415,9 +456,11 @@ def targets() -> int:
     for name in profile_names():
         profile = get_profile(name)
         click.echo(f"{name:<16} {profile.description}")
-        click.echo(f"{'':<16} providers {','.join(profile.providers)}; tflite {','.join(profile.runtimes['tflite'])}; "
-                   f"docker {profile.docker or '-'}; bench {profile.bench}; parity {profile.parity}"
-                   + (f"; tolerances {profile.tolerances}" if profile.tolerances else ""))  # fmt: skip
+        click.echo(
+            f"{'':<16} providers {','.join(profile.providers)}; tflite {','.join(profile.runtimes['tflite'])}; "
+            f"docker {profile.docker or '-'}; bench {profile.bench}; parity {profile.parity}"
+            + (f"; tolerances {profile.tolerances}" if profile.tolerances else "")
+        )
     return ExitCode.OK
 
 

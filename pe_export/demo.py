@@ -179,8 +179,13 @@ def run_demo(
     np.savez(directory / "task_labels.npz", **{task.LABEL_OUTPUT: labels})  # type: ignore[arg-type]  # numpy stub
     goldens = {saved_model: directory / "golden", learned_model: directory / "golden_learned"}
     for model, golden in goldens.items():
-        make_golden(model, golden, GoldenOptions(inputs=directory / "task_inputs.npz", labels=directory /
-                                                 "task_labels.npz", batch=32, overwrite=True))  # fmt: skip
+        make_golden(
+            model,
+            golden,
+            GoldenOptions(
+                inputs=directory / "task_inputs.npz", labels=directory / "task_labels.npz", batch=32, overwrite=True
+            ),
+        )
 
     variants = []
     for step, (name, target, quantize, tables) in enumerate(DEMO_VARIANTS, start=3):
@@ -198,8 +203,9 @@ def run_demo(
     say(f"[{steps}/{steps}] writing report.json and the per-position error plot")
     plot = _plot(variants, directory / "position_error.png")
     result = DemoResult(directory, saved_model, variants, plot)
-    atomic_write_bytes(directory / "report.json", json.dumps({"variants": result.rows()}, indent=2).encode(),
-                       overwrite=True)  # fmt: skip
+    atomic_write_bytes(
+        directory / "report.json", json.dumps({"variants": result.rows()}, indent=2).encode(), overwrite=True
+    )
     return result
 
 

@@ -23,9 +23,11 @@ def check_output_path(path: Path, *, overwrite: bool, suffix: str, flag: str = "
         check_output_folder(path.parent, flag=flag, what=str(path))
         limit = _name_max(path.parent) - STAGING_CHARS
         if len(os.fsencode(path.name)) > limit:
-            raise BadInputError(f"{flag}: the file name is {len(os.fsencode(path.name))} bytes long; this file "
-                                f"system takes names up to {limit + STAGING_CHARS} (pe-export needs {STAGING_CHARS} "
-                                "of them while it writes); pass a shorter name")  # fmt: skip
+            raise BadInputError(
+                f"{flag}: the file name is {len(os.fsencode(path.name))} bytes long; this file "
+                f"system takes names up to {limit + STAGING_CHARS} (pe-export needs {STAGING_CHARS} "
+                "of them while it writes); pass a shorter name"
+            )
         if path.is_dir():
             raise BadInputError(f"{flag} {path} is a directory; pass a file name ending in {suffix}")
         if (path.exists() or path.is_symlink()) and not overwrite:
@@ -44,8 +46,9 @@ def check_output_folder(folder: Path, *, flag: str, what: str) -> None:
     if not is_folder:
         raise BadInputError(f"{flag} {what}: folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise BadInputError(f"{flag} {what}: cannot create files in {folder} (permission denied); "
-                            "choose a folder you can write")  # fmt: skip
+        raise BadInputError(
+            f"{flag} {what}: cannot create files in {folder} (permission denied); choose a folder you can write"
+        )
 
 
 STAGING_CHARS = 24  # ".<stem>.<8 random>.partial<suffix>": what a staged name adds to the output's
@@ -87,8 +90,9 @@ def staged_file(path: Path) -> Iterator[Path]:
     unless published: an interrupted or failed run leaves nothing behind."""
     path = Path(path)
     try:
-        descriptor, temp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".partial{path.suffix}",
-                                                 dir=path.parent)  # fmt: skip
+        descriptor, temp_name = tempfile.mkstemp(
+            prefix=f".{path.stem}.", suffix=f".partial{path.suffix}", dir=path.parent
+        )
     except OSError as err:  # the folder went away or became unwritable since the check
         raise BadInputError(f"cannot write {path}: {err.strerror or err}") from err
     os.close(descriptor)

@@ -153,8 +153,10 @@ def format_demo(result: Any) -> list[str]:
     if reference is not None:
         lines.append(f"float32 TensorFlow task accuracy on the same samples: {reference:.4f}")
     if any(r["variant"].startswith("learned ") for r in result.rows()):
-        lines.append("learned …: the same task and encoder, trained with a learned 64x32 position table "
-                     "(learned_table_encoder/); svd rank r stores r·(64+32) values of its 2,048")  # fmt: skip
+        lines.append(
+            "learned …: the same task and encoder, trained with a learned 64x32 position table "
+            "(learned_table_encoder/); svd rank r stores r·(64+32) values of its 2,048"
+        )
     lines.append(f"report: {result.directory / 'report.json'}" + (f", plot: {result.plot}" if result.plot else ""))
     return lines
 

@@ -19,9 +19,14 @@ _GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
 # Index arithmetic that keeps an id an id, by input position: keras-hub wraps negative ids as
 # SelectV2(ids < 0, ids + rows, ids), and offsets or clips them.
 _INDEX_KEEPING_OPS = {
-    "SelectV2": (1, 2), "Select": (1, 2), "Add": (0, 1), "AddV2": (0, 1),
-    "Minimum": (0, 1), "Maximum": (0, 1), "ClipByValue": (0,),
-}  # fmt: skip
+    "SelectV2": (1, 2),
+    "Select": (1, 2),
+    "Add": (0, 1),
+    "AddV2": (0, 1),
+    "Minimum": (0, 1),
+    "Maximum": (0, 1),
+    "ClipByValue": (0,),
+}
 
 
 def is_savedmodel_dir(path: Path) -> bool:

@@ -84,8 +84,10 @@ def _exported(path: Path, kind: str) -> Iterator[Path]:
         try:
             model.export(str(saved), verbose=False)
         except Exception as err:  # Keras raises many types for a model it cannot trace
-            raise BadInputError(f"{path}: Keras could not export it as a SavedModel: {one_line(err)}; export it "
-                                "yourself with model.export(folder) and pass the folder") from err  # fmt: skip
+            raise BadInputError(
+                f"{path}: Keras could not export it as a SavedModel: {one_line(err)}; export it "
+                "yourself with model.export(folder) and pass the folder"
+            ) from err
         yield saved
     finally:
         shutil.rmtree(work, ignore_errors=True)

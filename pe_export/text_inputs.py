@@ -31,8 +31,11 @@ class TextInputs:
     def tokenizer_path(self, saved_model: Path) -> Path:
         if self.tokenizer is not None:
             return self.tokenizer
-        for candidate in (saved_model / TOKENIZER_FILE, saved_model / "assets" / TOKENIZER_FILE,
-                          saved_model.parent / TOKENIZER_FILE):  # fmt: skip
+        for candidate in (
+            saved_model / TOKENIZER_FILE,
+            saved_model / "assets" / TOKENIZER_FILE,
+            saved_model.parent / TOKENIZER_FILE,
+        ):
             if candidate.is_file():
                 return candidate
         raise BadInputError(
@@ -45,8 +48,9 @@ def read_lines(path: Path) -> list[str]:
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     except (OSError, UnicodeDecodeError) as err:
-        raise BadInputError(f"--text {path} cannot be read as UTF-8 text ({err.__class__.__name__}); "
-                            "expected one sentence per line") from None  # fmt: skip
+        raise BadInputError(
+            f"--text {path} cannot be read as UTF-8 text ({err.__class__.__name__}); expected one sentence per line"
+        ) from None
     lines = [line for line in lines if line]
     if not lines:
         raise BadInputError(f"--text {path} has no non-empty line; expected one sentence per line")

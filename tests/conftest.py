@@ -16,8 +16,9 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels whicheve
 from tests.fixtures.models import MODEL_CASES, export_case
 
 
-def _built_once(tmp_path_factory: pytest.TempPathFactory, folder: str, build: Callable[[Path, Any], Path]
-                ) -> Callable[[Any], Path]:  # fmt: skip
+def _built_once(
+    tmp_path_factory: pytest.TempPathFactory, folder: str, build: Callable[[Path, Any], Path]
+) -> Callable[[Any], Path]:
     """get(key) → build(root, key), made on first use and kept for the session."""
     built: dict[Any, Path] = {}
     root = tmp_path_factory.mktemp(folder)

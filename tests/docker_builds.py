@@ -43,8 +43,14 @@ class Unavailable(Exception):
 
 
 def run(*args: str | Path, timeout: int = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False,
-                          env=None if env is None else {**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def last_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -108,8 +114,19 @@ class ImageBuilds:
                 raise Unavailable(f"no arm64 emulation: {last_line(done)}")
             for tag, (dockerfile, arch, extra) in IMAGES.items():
                 started = time.perf_counter()
-                built = run("docker", "build", "-q", "--build-arg", f"BASE={bases[arch]}", "-f", DOCKER / dockerfile,
-                            "-t", tag, *extra, REPO)  # fmt: skip
+                built = run(
+                    "docker",
+                    "build",
+                    "-q",
+                    "--build-arg",
+                    f"BASE={bases[arch]}",
+                    "-f",
+                    DOCKER / dockerfile,
+                    "-t",
+                    tag,
+                    *extra,
+                    REPO,
+                )
                 self.seconds[tag] = time.perf_counter() - started
                 self.outcomes[tag] = None if built.returncode == 0 else built.stdout[-1500:] + built.stderr[-2500:]
         except Unavailable as why:
@@ -125,8 +142,9 @@ class ImageBuilds:
         if missing:  # a fresh machine may have no package lists yet
             quiet = {"DEBIAN_FRONTEND": "noninteractive"}
             run("apt-get", "update", "-qq", timeout=600, env=quiet)
-            installed = run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600,
-                            env=quiet)  # fmt: skip
+            installed = run(
+                "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, timeout=600, env=quiet
+            )
             if installed.returncode != 0:
                 raise Unavailable(f"cannot install {', '.join(missing)}: {last_line(installed)}")
         if engine_answers():

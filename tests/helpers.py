@@ -120,8 +120,12 @@ def measured_parity(python: Path | str, model: Path, bundle: Path, cwd: Path) ->
     started = time.perf_counter()
     done = subprocess.run(
         [str(python), "-c", MEASURED_PARITY, str(model), str(bundle)],
-        capture_output=True, text=True, check=False, cwd=cwd, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        timeout=900,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise AssertionError(done.stderr[-2000:])
@@ -159,8 +163,12 @@ def cached_venv(name: str, requirements: list[str], *, base: str = sys.executabl
     is reinstalled. ``base``/``root``: another interpreter, another cache folder (one other users can read).
     """
     key = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + "\n".join([*requirements, base]).encode())
-    version = subprocess.run([base, "-c", "import sys; print(f'{sys.version_info[0]}{sys.version_info[1]}')"],
-                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    version = subprocess.run(
+        [base, "-c", "import sys; print(f'{sys.version_info[0]}{sys.version_info[1]}')"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     venv = root / f"{name}-py{version}-{key.hexdigest()[:12]}"
     python = venv / "bin" / "python"
     with cache_lock("checkout"):

@@ -28,8 +28,15 @@ QEMU_CPU = "neoverse-n1"
 
 
 def _run(*args: str | Path, env: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False,
-                          env={**os.environ, **(env or {})}, cwd=CACHE)  # fmt: skip
+    return subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=CACHE,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +58,18 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with cache_lock("checkout"):
         made = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
     assert made.returncode == 0, made.stderr[-1500:]
-    installed = _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target",
-                     env_dir / "site", *wheels.glob("*.whl"))  # fmt: skip
+    installed = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--upgrade",
+        "--target",
+        env_dir / "site",
+        *wheels.glob("*.whl"),
+    )
     assert installed.returncode == 0, installed.stderr[-1500:]
     machine = _run(launcher, "-c", "import platform; print(platform.machine())", env={"QEMU_CPU": QEMU_CPU})
     assert machine.stdout.strip() == "aarch64", machine.stderr
@@ -72,9 +89,16 @@ def test_parity_passes_on_emulated_aarch64(arm64_python: Path, saved_model, expo
         exported = exported_file(model, target, quantize)
         report = tmp_path / f"{name.replace(' ', '-')}.json"
         checked = _run(
-            arm64_python, "-m", "pe_export.cli", "parity", exported, bundle, "--json", report,
+            arm64_python,
+            "-m",
+            "pe_export.cli",
+            "parity",
+            exported,
+            bundle,
+            "--json",
+            report,
             env={"QEMU_CPU": QEMU_CPU, CHILD_PYTHON_ENV: str(arm64_python)},
-        )  # fmt: skip
+        )
         assert checked.returncode == 0, checked.stdout[-1500:] + checked.stderr[-1500:]
         result = json.loads(report.read_text())
         worst = max(output["max_abs"] for output in result["outputs"])

@@ -15,8 +15,21 @@ from tests.helpers import run_cli
 def test_bench_writes_real_figures(capfd, saved_model, tmp_path: Path) -> None:
     for export, name in ((export_tflite, "m.tflite"), (export_onnx, "m.onnx")):
         export(saved_model("encoder_dynamic"), tmp_path / name, ExportOptions(verify=False))
-        result = run_cli(capfd, "bench", tmp_path / name, "--runs", "30", "--warmup", "3", "--seq-len", "32",
-                         "--threads", "1", "--json", tmp_path / f"{name}.json")  # fmt: skip
+        result = run_cli(
+            capfd,
+            "bench",
+            tmp_path / name,
+            "--runs",
+            "30",
+            "--warmup",
+            "3",
+            "--seq-len",
+            "32",
+            "--threads",
+            "1",
+            "--json",
+            tmp_path / f"{name}.json",
+        )
         assert result.exit_code == 0, result.stderr
         figures = json.loads((tmp_path / f"{name}.json").read_text())
         latency = figures["latency_ms"]

@@ -21,10 +21,19 @@ def test_demo_shows_exact_compression_at_full_accuracy_and_the_lossy_recipe_wors
     assert elapsed < DEMO_LIMIT_S
     rows = {r["variant"]: r for r in json.loads((tmp_path / "demo" / "report.json").read_text())["variants"]}
     assert list(rows) == [
-        "tflite fp32", "tflite float16", "tflite dynamic-int8", "onnx fp32", "onnx float16", "onnx dynamic-int8",
-        "tflite compress 16", "onnx compress 16", "tflite seed interp",
-        "learned tflite fp32", "learned svd rank 8", "learned svd rank 4",
-    ]  # fmt: skip
+        "tflite fp32",
+        "tflite float16",
+        "tflite dynamic-int8",
+        "onnx fp32",
+        "onnx float16",
+        "onnx dynamic-int8",
+        "tflite compress 16",
+        "onnx compress 16",
+        "tflite seed interp",
+        "learned tflite fp32",
+        "learned svd rank 8",
+        "learned svd rank 4",
+    ]
     for name, row in rows.items():
         assert row["reference_accuracy"] >= 0.95
         if name == "tflite seed interp":

@@ -130,10 +130,24 @@ def test_device_extra_resolves_to_wheels(python: str, arch: str, tmp_path: Path)
     platforms = [arg for platform in DEVICE_PLATFORMS[arch] for arg in ("--platform", platform)]
     report = tmp_path / "report.json"
     resolved = _run(
-        sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--ignore-installed", "--only-binary=:all:",
-        "--python-version", python, *platforms, "--target", tmp_path / "target", "--report", report, *requirements,
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "-q",
+        "--ignore-installed",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        *platforms,
+        "--target",
+        tmp_path / "target",
+        "--report",
+        report,
+        *requirements,
         timeout=300,
-    )  # fmt: skip
+    )
     assert resolved.returncode == 0, resolved.stderr[-1500:]
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert {"ai-edge-litert", "onnxruntime", "onnx", "numpy", "click"} <= names

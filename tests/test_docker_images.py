@@ -72,8 +72,9 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_in(image: str, arch: str, mounted: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run("docker", "run", "--rm", "--platform", PLATFORMS[arch], "-v", f"{mounted}:/work:ro", image, *args,
-                timeout=900)  # fmt: skip
+    return _run(
+        "docker", "run", "--rm", "--platform", PLATFORMS[arch], "-v", f"{mounted}:/work:ro", image, *args, timeout=900
+    )
 
 
 def check_parity_inside(image: str, arch: str, mounted: Path) -> None:

@@ -12,8 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **(env or {})}
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False, env=environment,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, check=False, env=environment, timeout=600
+    )
 
 
 def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) -> None:
@@ -23,9 +24,15 @@ def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) 
     assert (tmp_path / "out" / "parity-onnx.json").exists()
     files = {"PE_EXPORT_MODEL": tmp_path / "out" / "encoder.onnx", "PE_EXPORT_GOLDEN": tmp_path / "out" / "golden"}
     as_pytest = run(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", REPO / "examples" / "ci" / "test_parity.py",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        REPO / "examples" / "ci" / "test_parity.py",
         env={key: str(value) for key, value in files.items()},
-    )  # fmt: skip
+    )
     assert "1 passed" in as_pytest.stdout, as_pytest.stdout
     # A regression: demand exactness the float32 conversion cannot meet.
     bad = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out", "--atol", "0", "--rtol", "0")

@@ -25,8 +25,9 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_default_output_is_the_model_folder_name_here(capfd, saved_model, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_default_output_is_the_model_folder_name_here(
+    capfd, saved_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The design card's own command, `pe-export tflite saved_model/ --compress 64`, works as written."""
     model = tmp_path / "saved_model"
     shutil.copytree(saved_model(MODEL), model)
@@ -46,11 +47,11 @@ def test_default_output_is_the_model_folder_name_here(capfd, saved_model, tmp_pa
 def test_a_failed_export_leaves_nothing_unless_kept_by_name(capfd, saved_model, tmp_path: Path) -> None:
     lossy = ["--compress", "2", "--compress-method", "interp"]  # the seed's recipe: parity fails (exit 1)
     result = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy)
-    assert_one_line_error(result, ExitCode.PARITY_FAILED, "m.tflite was not written", "--keep-failed keeps",
-                          "m.FAILED.tflite")  # fmt: skip
+    assert_one_line_error(
+        result, ExitCode.PARITY_FAILED, "m.tflite was not written", "--keep-failed keeps", "m.FAILED.tflite"
+    )
     assert listing(tmp_path) == []
-    kept = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy,
-                   "--keep-failed")  # fmt: skip
+    kept = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy, "--keep-failed")
     assert_one_line_error(kept, ExitCode.PARITY_FAILED, "the failing file is kept as", "m.FAILED.tflite")
     assert listing(tmp_path) == ["m.FAILED.tflite"]
 
@@ -61,8 +62,16 @@ def test_outputs_have_the_permissions_the_umask_gives(capfd, saved_model, tmp_pa
         model = saved_model(MODEL)
         assert run_cli(capfd, "onnx", model, "-o", tmp_path / "m.onnx").exit_code == 0
         assert run_cli(capfd, "golden", model, "-o", tmp_path / "golden", "--samples", "4").exit_code == 0
-        checked = run_cli(capfd, "parity", tmp_path / "m.onnx", tmp_path / "golden", "--json", tmp_path / "r.json",
-                          "--plot", tmp_path / "p.png")  # fmt: skip
+        checked = run_cli(
+            capfd,
+            "parity",
+            tmp_path / "m.onnx",
+            tmp_path / "golden",
+            "--json",
+            tmp_path / "r.json",
+            "--plot",
+            tmp_path / "p.png",
+        )
         assert checked.exit_code == 0, checked.stderr
     finally:
         os.umask(previous)
@@ -93,8 +102,9 @@ def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_mod
     shared_root = Path("/tmp/pe-export-shared")
     shared_root.mkdir(mode=0o755, exist_ok=True)
     os.chmod(shared_root, 0o755)
-    venv = cached_venv("device-venv-any-user", [f"{Path(__file__).resolve().parents[1]}[device]"],
-                       base=SYSTEM_PYTHON, root=shared_root)  # fmt: skip
+    venv = cached_venv(
+        "device-venv-any-user", [f"{Path(__file__).resolve().parents[1]}[device]"], base=SYSTEM_PYTHON, root=shared_root
+    )
     work = shared_root / f"work-{os.getpid()}"
     work.mkdir(mode=0o755)
     try:
@@ -113,9 +123,13 @@ def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_mod
 
         checked = subprocess.run(
             [str(venv / "bin" / "pe-export"), "parity", str(work / "m.tflite"), str(work / "golden")],
-            preexec_fn=as_nobody, capture_output=True, text=True, check=False, cwd=work,
+            preexec_fn=as_nobody,
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=work,
             env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
-        )  # fmt: skip
+        )
         print(checked.stdout[-400:], checked.stderr[-400:])
         assert checked.returncode == 0 and "PASS" in checked.stdout, checked.stderr[-1000:]
     finally:
@@ -157,15 +171,17 @@ def test_overwrite_replaces_json_and_plot(capfd, saved_model, tmp_path: Path) ->
     assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
     (tmp_path / "r.json").write_text("old")
     (tmp_path / "p.png").write_text("old")
-    result = run_cli(capfd, "parity", model, bundle, "--json", tmp_path / "r.json", "--plot", tmp_path / "p.png",
-                     "--overwrite")  # fmt: skip
+    result = run_cli(
+        capfd, "parity", model, bundle, "--json", tmp_path / "r.json", "--plot", tmp_path / "p.png", "--overwrite"
+    )
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "r.json").read_text())["passed"] is True
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plot_without_matplotlib_is_refused_before_the_check(capfd, saved_model, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_plot_without_matplotlib_is_refused_before_the_check(
+    capfd, saved_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
     assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
     assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
@@ -184,8 +200,9 @@ def test_user_data_and_lengths_are_bad_input_not_bugs(capfd, saved_model, tmp_pa
     assert_one_line_error(oov, ExitCode.BAD_INPUT, "'token_ids' holds ids 1…99999", "expected ids from 0 to")
     rows = int(re.search(r"(\d+)x\d+ +\S+ +kept", run_cli(capfd, "tflite", model, "--list-tables").stdout)[1])
     long = run_cli(capfd, "golden", model, "-o", tmp_path / "g2", "--seq-len", str(rows + 36))
-    assert_one_line_error(long, ExitCode.BAD_INPUT, f"longer than the model's position table ({rows} rows)",
-                          f"--seq-len {rows} or less")  # fmt: skip
+    assert_one_line_error(
+        long, ExitCode.BAD_INPUT, f"longer than the model's position table ({rows} rows)", f"--seq-len {rows} or less"
+    )
     fixed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--seq-len", str(rows + 36))
     hint = f"--dynamic-seq --max-len {rows + 36}"
     assert_one_line_error(fixed, ExitCode.BAD_INPUT, f"position table ({rows} rows)", hint)
@@ -198,8 +215,11 @@ def test_what_is_not_a_model_or_not_in_the_bundle_is_refused(capfd, saved_model,
     (tmp_path / "empty.onnx").write_bytes(b"")
     assert_one_line_error(run_cli(capfd, "inspect", tmp_path / "empty.onnx"), ExitCode.BAD_INPUT, "is empty (0 bytes)")
     (tmp_path / "text.onnx").write_bytes(b"\x08\x07")  # parses as a protobuf: ir_version 7, nothing else
-    assert_one_line_error(run_cli(capfd, "inspect", tmp_path / "text.onnx"), ExitCode.BAD_INPUT,
-                          "is not an ONNX model (no graph outputs or opset)")  # fmt: skip
+    assert_one_line_error(
+        run_cli(capfd, "inspect", tmp_path / "text.onnx"),
+        ExitCode.BAD_INPUT,
+        "is not an ONNX model (no graph outputs or opset)",
+    )
     model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
     assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
     assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
@@ -223,15 +243,17 @@ def test_a_damaged_op_code_is_called_damage_not_an_old_runtime(capfd, saved_mode
     assert_one_line_error(result, ExitCode.BAD_INPUT, "bad.tflite looks damaged", "builtin_code out of range")
 
 
-def test_a_keras_file_exports_and_checks_like_its_savedmodel(capfd, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_keras_file_exports_and_checks_like_its_savedmodel(
+    capfd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """keras.Model.save writes .keras by default: export it, make a bundle from it in another command, check."""
     keras_hub = pytest.importorskip("keras_hub", reason="a keras-hub backbone is the model with registered layers")
     import keras
 
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.DistilBertBackbone(vocabulary_size=100, max_sequence_length=64, num_layers=2,
-                                                   num_heads=2, hidden_dim=32, intermediate_dim=64)  # fmt: skip
+    backbone = keras_hub.models.DistilBertBackbone(
+        vocabulary_size=100, max_sequence_length=64, num_layers=2, num_heads=2, hidden_dim=32, intermediate_dim=64
+    )
     backbone.save(tmp_path / "distil.keras")
     monkeypatch.chdir(tmp_path)
     exported = run_cli(capfd, "tflite", "distil.keras")
@@ -248,13 +270,19 @@ def test_a_keras_file_with_unregistered_layers_is_one_line(capfd, tmp_path: Path
 
     build_encoder(None).save(tmp_path / "custom.keras")  # the test encoder's own layer classes are not registered
     result = run_cli(capfd, "onnx", tmp_path / "custom.keras", "-o", tmp_path / "m.onnx")
-    assert_one_line_error(result, ExitCode.BAD_INPUT, "custom.keras: Keras cannot load it",
-                          "register_keras_serializable", "model.export(folder)")  # fmt: skip
+    assert_one_line_error(
+        result,
+        ExitCode.BAD_INPUT,
+        "custom.keras: Keras cannot load it",
+        "register_keras_serializable",
+        "model.export(folder)",
+    )
     assert listing(tmp_path) == ["custom.keras"]
 
 
-def test_an_export_interrupted_during_verification_leaves_nothing(capfd, saved_model, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_export_interrupted_during_verification_leaves_nothing(
+    capfd, saved_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ctrl-C lands while the written file is being verified (KeyboardInterrupt wherever Python is)."""
     import pe_export.api
 

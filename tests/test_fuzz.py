@@ -86,8 +86,7 @@ FLIPS = st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_si
 CUTS = st.one_of(st.none(), st.integers(0, 200_000))
 
 
-def fuzz_model_file(seeds: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None,
-                    run: int) -> None:  # fmt: skip
+def fuzz_model_file(seeds: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None, run: int) -> None:
     """Inspect a mutated exported file; now and then also run it, in the runtime's child process."""
     path = seeds["work"] / f"fuzz.{kind}"
     path.write_bytes(mutate(seeds[kind].read_bytes(), flips, cut))
@@ -115,17 +114,33 @@ JSON_VALUES = st.recursive(
     max_leaves=6,
 )
 MANIFEST_PATHS = [
-    ("format",), ("version",), ("samples",), ("model",), ("model", "digest"), ("inputs",), ("inputs", 0),
-    ("inputs", 0, "shape"), ("inputs", 0, "dtype"), ("outputs", 0, "name"), ("batches",), ("batches", 0, "file"),
-    ("batches", 0, "samples"), ("tolerances",), ("tolerances", "fp32"), ("tolerances", "fp32", "atol"),
-]  # fmt: skip
+    ("format",),
+    ("version",),
+    ("samples",),
+    ("model",),
+    ("model", "digest"),
+    ("inputs",),
+    ("inputs", 0),
+    ("inputs", 0, "shape"),
+    ("inputs", 0, "dtype"),
+    ("outputs", 0, "name"),
+    ("batches",),
+    ("batches", 0, "file"),
+    ("batches", 0, "samples"),
+    ("tolerances",),
+    ("tolerances", "fp32"),
+    ("tolerances", "fp32", "atol"),
+]
 
 
 @settings(max_examples=300, **SETTINGS)
 @given(
-    where=st.sampled_from(MANIFEST_PATHS), value=JSON_VALUES, flips=FLIPS, reseal=st.booleans(),
+    where=st.sampled_from(MANIFEST_PATHS),
+    value=JSON_VALUES,
+    flips=FLIPS,
+    reseal=st.booleans(),
     target=st.sampled_from(["manifest", "batch"]),
-)  # fmt: skip
+)
 def test_fuzz_bundle(seeds, where, value, flips, reseal, target) -> None:
     bundle = seeds["work"] / "bundle"
     shutil.rmtree(bundle, ignore_errors=True)
@@ -151,10 +166,12 @@ INPUT_NAMES = st.sampled_from([("token_ids",), ("token_ids",), ("token_ids", "ex
 
 @settings(max_examples=60, **SETTINGS)
 @given(
-    names=INPUT_NAMES, dtype=st.sampled_from(["int32", "int64", "float32", "bool", "uint8"]),
-    shape=st.lists(st.integers(0, 70), min_size=0, max_size=3), values=st.lists(ID_VALUES, min_size=1, max_size=8),
+    names=INPUT_NAMES,
+    dtype=st.sampled_from(["int32", "int64", "float32", "bool", "uint8"]),
+    shape=st.lists(st.integers(0, 70), min_size=0, max_size=3),
+    values=st.lists(ID_VALUES, min_size=1, max_size=8),
     seq_len=st.one_of(st.none(), st.integers(-2, 200)),
-)  # fmt: skip
+)
 def test_fuzz_golden_inputs(seeds, saved_model, names, dtype, shape, values, seq_len) -> None:
     """User data for `golden --inputs`: every outcome a documented one-line error or a bundle, no exit 6."""
     import numpy as np
@@ -164,8 +181,17 @@ def test_fuzz_golden_inputs(seeds, saved_model, names, dtype, shape, values, seq
     inputs = seeds["work"] / "inputs.npz"
     np.savez(inputs, **{name: array for name in names})
     extra = ["--seq-len", str(seq_len)] if seq_len is not None else []
-    code = run_case(seeds["work"], "golden", saved_model("encoder_dynamic"), "-o", seeds["work"] / "g", "--inputs",
-                    inputs, "--overwrite", *extra)  # fmt: skip
+    code = run_case(
+        seeds["work"],
+        "golden",
+        saved_model("encoder_dynamic"),
+        "-o",
+        seeds["work"] / "g",
+        "--inputs",
+        inputs,
+        "--overwrite",
+        *extra,
+    )
     assert code in ALLOWED, CRASHES[-1:]
 
 
@@ -194,13 +220,27 @@ def output_path(work: Path, kind: str, suffix: str) -> Path:
     return made[kind]
 
 
-PATH_KINDS = ["fresh", "existing", "folder", "missing-folder", "file-as-folder", "wrong-suffix", "no-suffix",
-              "dangling-link", "link-to-file", "long-name", "newline"]  # fmt: skip
+PATH_KINDS = [
+    "fresh",
+    "existing",
+    "folder",
+    "missing-folder",
+    "file-as-folder",
+    "wrong-suffix",
+    "no-suffix",
+    "dangling-link",
+    "link-to-file",
+    "long-name",
+    "newline",
+]
 
 
 @settings(max_examples=60, **SETTINGS)
-@given(kind=st.sampled_from(PATH_KINDS), command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
-       overwrite=st.booleans())  # fmt: skip
+@given(
+    kind=st.sampled_from(PATH_KINDS),
+    command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
+    overwrite=st.booleans(),
+)
 def test_fuzz_output_paths(seeds, saved_model, kind, command, overwrite) -> None:
     """Every output path goes through the same checks: a documented code, one line, nothing of the user's
     replaced without --overwrite, no partial file."""

@@ -9,8 +9,11 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-PACKAGE_ROOTS = {"pe_export": REPO / "pe_export", "pe_export.converters": REPO / "converters",
-                 "pe_export.targets": REPO / "targets"}  # fmt: skip
+PACKAGE_ROOTS = {
+    "pe_export": REPO / "pe_export",
+    "pe_export.converters": REPO / "converters",
+    "pe_export.targets": REPO / "targets",
+}
 
 
 def layout_section() -> str:
@@ -95,8 +98,12 @@ CITED_PATH = re.compile(r"(?<![\w./-])((?:pe_export|converters|tests|benchmarks|
 
 
 def test_every_file_a_comment_or_the_readme_cites_exists() -> None:
-    sources = [REPO / "README.md", *sorted(REPO.glob("*/**/*.py")), *sorted(REPO.glob("targets/**/*.sh")),
-               *sorted(REPO.glob("docker/*"))]  # fmt: skip
+    sources = [
+        REPO / "README.md",
+        *sorted(REPO.glob("*/**/*.py")),
+        *sorted(REPO.glob("targets/**/*.sh")),
+        *sorted(REPO.glob("docker/*")),
+    ]
     missing = set()
     cited = 0
     for source in sources:

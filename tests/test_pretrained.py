@@ -30,8 +30,9 @@ def minilm() -> tuple[Path, Path, Path]:
         pytest.skip(str(err))
 
 
-def export(capfd: pytest.CaptureFixture[str], minilm: tuple[Path, Path, Path], target: str, output: Path,
-           *extra: str) -> tuple[int, float, str]:  # fmt: skip
+def export(
+    capfd: pytest.CaptureFixture[str], minilm: tuple[Path, Path, Path], target: str, output: Path, *extra: str
+) -> tuple[int, float, str]:
     saved, tokenizer, sentences = minilm
     result = run_cli(capfd, target, saved, "-o", output, "--text", sentences, "--tokenizer", tokenizer, *extra)
     assert result.exit_code == 0, (extra, result.stderr, result.stdout[-2000:])
@@ -55,28 +56,32 @@ def fp32_tflite(minilm, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, 
     return output.stat().st_size, float(pooled[0])
 
 
-def test_tflite_precisions_and_compression_keep_the_sentences(minilm, fp32_tflite: tuple[int, float], tmp_path: Path,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_tflite_precisions_and_compression_keep_the_sentences(
+    minilm, fp32_tflite: tuple[int, float], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     fp32_cosine = fp32_tflite[1]
     half, half_cosine, _ = export(capfd, minilm, "tflite", tmp_path / "fp16.tflite", "--quantize", "float16")
-    small, small_cosine, out = export(capfd, minilm, "tflite", tmp_path / "fp16c.tflite", "--quantize", "float16",
-                                      "--compress", "64")  # fmt: skip
+    small, small_cosine, out = export(
+        capfd, minilm, "tflite", tmp_path / "fp16c.tflite", "--quantize", "float16", "--compress", "64"
+    )
     assert fp32_cosine >= 0.99999 and half_cosine >= 0.9999
     # The trained table is stored by SVD within the float16 tolerance: smaller, and the sentences hold.
     assert re.search(r"position_embedding/embeddings\s+variable\s+512x384\s+learned\s+svd", out), out
     assert half - small >= 200_000 and small_cosine >= 0.9995
 
 
-def test_tflite_int8_meets_the_accuracy_asked_for(minilm, fp32_tflite: tuple[int, float], tmp_path: Path,
-                                                  capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_tflite_int8_meets_the_accuracy_asked_for(
+    minilm, fp32_tflite: tuple[int, float], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The converter's dynamic-range file has sentence cosine 0.99838; smoothed, every weight int8, 0.9989;
     asked for 0.999, the few most sensitive weights go back to float32."""
     fp32 = fp32_tflite[0]
     int8, int8_cosine, out = export(capfd, minilm, "tflite", tmp_path / "int8.tflite", "--quantize", "dynamic-int8")
     assert "activations smoothed into the weights" in out and "all 38 int8 weights quantized" in out
     assert int8 <= 0.27 * fp32 and int8_cosine >= 0.998
-    strict, strict_cosine, strict_out = export(capfd, minilm, "tflite", tmp_path / "strict.tflite",
-                                               "--quantize", "dynamic-int8", "--min-cosine", "0.999")  # fmt: skip
+    strict, strict_cosine, strict_out = export(
+        capfd, minilm, "tflite", tmp_path / "strict.tflite", "--quantize", "dynamic-int8", "--min-cosine", "0.999"
+    )
     kept = re.search(r"(\d+) of 38 int8 weights kept in float", strict_out)
     assert kept and 1 <= int(kept[1]) <= 8, strict_out[-3000:]
     assert strict <= 0.45 * fp32 and strict_cosine >= 0.999
@@ -86,8 +91,9 @@ def test_onnx_int8_and_compression(minilm, tmp_path: Path, capfd: pytest.Capture
     fp32, _, _ = export(capfd, minilm, "onnx", tmp_path / "fp32.onnx")
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64")
     int8, int8_cosine, int8_out = export(capfd, minilm, "onnx", tmp_path / "int8.onnx", "--quantize", "dynamic-int8")
-    strict, strict_cosine, strict_out = export(capfd, minilm, "onnx", tmp_path / "strict.onnx",
-                                               "--quantize", "dynamic-int8", "--min-cosine", "0.999")  # fmt: skip
+    strict, strict_cosine, strict_out = export(
+        capfd, minilm, "onnx", tmp_path / "strict.onnx", "--quantize", "dynamic-int8", "--min-cosine", "0.999"
+    )
     stored, stored_cosine, _ = export(capfd, minilm, "onnx", tmp_path / "w8.onnx", "--quantize", "weight-int8")
     # fp32 --compress 64: no method keeps the trained table within 1e-4 in 64 values per position.
     assert "kept: svd rank 36 would store 129,024 B" in out and kept_cosine >= 0.99999
@@ -103,8 +109,9 @@ def test_onnx_int8_and_compression(minilm, tmp_path: Path, capfd: pytest.Capture
     assert stored <= 0.35 * fp32 and stored_cosine >= 0.9998
 
 
-def test_auto_compress_takes_back_a_table_that_breaks_the_file(minilm, tmp_path: Path,
-                                                               capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_auto_compress_takes_back_a_table_that_breaks_the_file(
+    minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Judged on generated ids over all 512 positions (no --text), the rank-36 SVD of the trained table
     (error 0.0149, inside the fp16 atol) moves the outputs past the fp16 tolerance: the export keeps the
     table, makes the file again and says what it measured — exit 0, not a failed export."""

@@ -43,8 +43,11 @@ def test_savedmodel_without_signature(capfd, tmp_path: Path) -> None:
     module = tf.Module()
     module.v = tf.Variable(1.0)
     tf.saved_model.save(module, str(tmp_path / "nosig"))
-    assert_one_line_error(run_cli(capfd, "tflite", tmp_path / "nosig", "-o", tmp_path / "m.tflite"), ExitCode.BAD_INPUT,
-             "has no serving signature")  # fmt: skip
+    assert_one_line_error(
+        run_cli(capfd, "tflite", tmp_path / "nosig", "-o", tmp_path / "m.tflite"),
+        ExitCode.BAD_INPUT,
+        "has no serving signature",
+    )
 
 
 def test_onnx_with_missing_initializer_and_unknown_op(capfd, exported, tmp_path: Path) -> None:
@@ -108,8 +111,10 @@ def test_interrupted_golden_leaves_nothing(saved_model, tmp_path: Path, sent: in
     out.mkdir()
     process = subprocess.Popen(
         [*CLI, "golden", str(saved_model("encoder_dynamic")), "-o", str(out / "golden"), "--samples", "100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started = _wait_for(lambda: any(p.name.endswith(".tmp") for p in out.iterdir()), 120)
     assert started, "the bundle never started"
     time.sleep(0.5)  # mid-way through the batches
@@ -128,8 +133,9 @@ def test_racing_exports(saved_model, tmp_path: Path) -> None:
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results  # one wins, the other is refused: never a silent overwrite
     assert "already exists" in next(err for code, err in results if code == 2)
-    racers = [subprocess.Popen([*command, "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-              for _ in range(2)]  # fmt: skip
+    racers = [
+        subprocess.Popen([*command, "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)
+    ]
     assert [p.wait(timeout=300) for p in racers] == [0, 0]
     import onnxruntime as ort
 

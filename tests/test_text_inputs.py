@@ -35,12 +35,12 @@ def sentences(tmp_path: Path) -> Path:
     return path
 
 
-def test_export_is_verified_on_the_sentences(saved_model, sentences: Path, tmp_path: Path,
-                                             capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_export_is_verified_on_the_sentences(
+    saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
     model = saved_model("encoder_multi_io")  # token ids, attention mask and segment ids
-    result = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--text", sentences,
-                     "--tokenizer", tokenizer)  # fmt: skip
+    result = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--text", sentences, "--tokenizer", tokenizer)
     assert result.exit_code == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.strip().startswith("text ")]
     assert {row[1] for row in rows} == {"pooled_output", "sequence_output"}, result.stdout
@@ -55,37 +55,53 @@ def test_text_feed_masks_padding_and_takes_ids_for_the_vocabulary_input(tmp_path
     from pe_export.text_inputs import TextInputs, text_feed
 
     tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
-    specs = [TensorSpec("attention_mask", "int32", (None, None)), TensorSpec("segment_ids", "int32", (None, None)),
-             TensorSpec("token_ids", "int32", (None, None))]  # fmt: skip
+    specs = [
+        TensorSpec("attention_mask", "int32", (None, None)),
+        TensorSpec("segment_ids", "int32", (None, None)),
+        TensorSpec("token_ids", "int32", (None, None)),
+    ]
     feed, valid = text_feed(specs, {"token_ids": 64, "segment_ids": 2}, TextInputs(sentences, tokenizer), tmp_path, 16)
     assert valid.sum(axis=1).tolist() == [5, 12, 9, 16]  # the 20-word line truncated to 16
     assert feed["token_ids"].shape == (4, 16) and (feed["token_ids"][~valid] == 0).all()
     assert (feed["attention_mask"] == valid).all() and not feed["segment_ids"].any()
 
 
-def test_a_tokenizer_for_another_vocabulary_is_one_line(saved_model, sentences: Path, tmp_path: Path,
-                                                        capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_tokenizer_for_another_vocabulary_is_one_line(
+    saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 200)
     lines = sentences.read_text().replace("w5 ", "w150 ")
     sentences.write_text(lines + "w199\n")
-    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", tmp_path / "m.tflite",
-                     "--text", sentences, "--tokenizer", tokenizer)  # fmt: skip
+    result = run_cli(
+        capfd,
+        "tflite",
+        saved_model("encoder_dynamic"),
+        "-o",
+        tmp_path / "m.tflite",
+        "--text",
+        sentences,
+        "--tokenizer",
+        tokenizer,
+    )
     assert_one_line_error(result, 2, "gives token id 199", "table has 64 rows", "tokenizer.json")
     assert not (tmp_path / "m.tflite").exists()
 
 
-def test_text_without_a_tokenizer_is_one_line(saved_model, sentences: Path, tmp_path: Path,
-                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_text_without_a_tokenizer_is_one_line(
+    saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     result = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", tmp_path / "m.onnx", "--text", sentences)
     assert_one_line_error(result, 2, "--text needs the model's tokenizer", "--tokenizer")
 
 
-def test_golden_bundle_from_sentences(saved_model, sentences: Path, tmp_path: Path,
-                                      capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_golden_bundle_from_sentences(
+    saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
     model = saved_model("encoder_multi_io")
-    made = run_cli(capfd, "golden", model, "-o", tmp_path / "golden", "--text", sentences, "--tokenizer", tokenizer,
-                   "--batch", "3")  # fmt: skip
+    made = run_cli(
+        capfd, "golden", model, "-o", tmp_path / "golden", "--text", sentences, "--tokenizer", tokenizer, "--batch", "3"
+    )
     assert made.exit_code == 0, made.stderr
     assert "4 samples of 20 positions in 2 batches" in made.stdout, made.stdout
     exported = run_cli(capfd, "onnx", model, "-o", tmp_path / "m.onnx", "--no-verify")

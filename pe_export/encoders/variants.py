@@ -168,9 +168,10 @@ def masked(seq_len: int | None) -> Any:
             return x + positions * tf.expand_dims(tf.cast(mask, tf.float32), -1)  # [..., None] would be Flex
 
     return _encoder(
-        seq_len, lambda x, inputs: MaskedPositions(name="masked_position_encoding")(x, inputs["attention_mask"]),
+        seq_len,
+        lambda x, inputs: MaskedPositions(name="masked_position_encoding")(x, inputs["attention_mask"]),
         extra_inputs=("attention_mask",),
-    )  # fmt: skip
+    )
 
 
 def relative(seq_len: int | None) -> Any:
@@ -202,8 +203,9 @@ def t5_bias(seq_len: int | None) -> Any:
 
     class BucketBias(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
         def build(self, input_shape: Any) -> None:
-            self.bias = self.add_weight(name="relative_attention_bias", shape=(buckets, heads),
-                                        initializer="glorot_uniform")  # fmt: skip
+            self.bias = self.add_weight(
+                name="relative_attention_bias", shape=(buckets, heads), initializer="glorot_uniform"
+            )
 
         def call(self, x: Any) -> Any:
             length = tf.shape(x)[1]
@@ -213,7 +215,10 @@ def t5_bias(seq_len: int | None) -> Any:
             magnitude = tf.abs(distance)
             far = exact + tf.cast(
                 tf.math.log(tf.cast(tf.maximum(magnitude, 1), tf.float32) / exact)
-                / np.log(max_distance / exact) * (half - exact), tf.int32)  # fmt: skip
+                / np.log(max_distance / exact)
+                * (half - exact),
+                tf.int32,
+            )
             bucket = offset + tf.where(magnitude < exact, magnitude, tf.minimum(far, half - 1))
             bias = tf.transpose(tf.gather(self.bias, bucket), [2, 0, 1])[None]  # [1, heads, T, T]
             q = tf.reshape(x, [-1, length, heads, WIDTH // heads])

@@ -34,8 +34,9 @@ def load_onnx(path: Path) -> Any:
         ) from err
     # Any bytes that parse as protobuf give a ModelProto; a model has a graph with outputs and an opset.
     if not model.HasField("graph") or not model.graph.output or not model.opset_import:
-        raise BadInputError(f"{path} is not an ONNX model (no graph outputs or opset); the file is damaged or "
-                            "of another kind")  # fmt: skip
+        raise BadInputError(
+            f"{path} is not an ONNX model (no graph outputs or opset); the file is damaged or of another kind"
+        )
     return model
 
 

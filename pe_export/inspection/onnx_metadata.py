@@ -75,8 +75,11 @@ def onnx_metadata(path: Path) -> dict[str, str]:
             for number, wire, start, end in fields:
                 if number == _METADATA_PROPS and wire == _LENGTH:
                     prop = bytes(data[start:end])  # small; a view would pin the mapping open
-                    entry = {n: bytes(prop[s:e]).decode("utf-8", errors="replace")
-                             for n, w, s, e in _fields(prop) if w == _LENGTH}  # fmt: skip
+                    entry = {
+                        n: bytes(prop[s:e]).decode("utf-8", errors="replace")
+                        for n, w, s, e in _fields(prop)
+                        if w == _LENGTH
+                    }
                     metadata[entry.get(1, "")] = entry.get(2, "")
         except _Damaged as why:
             raise BadInputError(

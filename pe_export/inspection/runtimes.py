@@ -28,24 +28,27 @@ def _tflite_runtime_verdict(min_runtime_version: str | None) -> RuntimeVerdict:
         return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; no {MIN_RUNTIME_KEY} to compare with {last}")
     if needed > TFLITE_RUNTIME_LAST_VERSION:
         return RuntimeVerdict(
-            "tflite-runtime", False,
+            "tflite-runtime",
+            False,
             f"its ops need TFLite ≥ {min_runtime_version} ({MIN_RUNTIME_KEY}); tflite-runtime ended at {last}: "
             "use ai-edge-litert",
-        )  # fmt: skip
+        )
     return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; {MIN_RUNTIME_KEY} {min_runtime_version} ≤ {last}")
 
 
 def _litert_gpu_verdict(dynamic_inputs: list[str]) -> RuntimeVerdict:
     if dynamic_inputs:
         return RuntimeVerdict(
-            "litert-gpu", False,
+            "litert-gpu",
+            False,
             f"the GPU needs fixed input shapes; dynamic: {', '.join(dynamic_inputs)} "
             "(export with --batch and --seq-len)",
-        )  # fmt: skip
+        )
     return RuntimeVerdict(
-        "litert-gpu", True,
+        "litert-gpu",
+        True,
         "fixed shapes; op coverage is per GPU: confirm with `pe-export parity --runtime litert-gpu`",
-    )  # fmt: skip
+    )
 
 
 def tflite_verdicts(

@@ -130,8 +130,10 @@ class Bundle:
         """A batch file's arrays, once it is known to be the bundle's own, present and unchanged."""
         path = self.path / file
         if _leaves(self.path, path):
-            raise BadInputError(f"bundle {self.path}: {file} is a link to a file outside the bundle, which is "
-                                "refused; a bundle holds its own files (copy it with cp -rL)")  # fmt: skip
+            raise BadInputError(
+                f"bundle {self.path}: {file} is a link to a file outside the bundle, which is "
+                "refused; a bundle holds its own files (copy it with cp -rL)"
+            )
         if not path.is_file():
             raise BadInputError(f"bundle {self.path}: {file} is missing; the bundle is incomplete")
         if file_sha256(path) != sha256:
@@ -371,8 +373,10 @@ def load_bundle(path: Path) -> Bundle:
         raise BadInputError(f"{path} is not a directory; expected a golden bundle made by `pe-export golden`")
     manifest_path = path / MANIFEST
     if _leaves(path, manifest_path):
-        raise BadInputError(f"{manifest_path} is a link to a file outside the bundle, which is refused; a bundle "
-                            "holds its own files (copy it with cp -rL)")  # fmt: skip
+        raise BadInputError(
+            f"{manifest_path} is a link to a file outside the bundle, which is refused; a bundle "
+            "holds its own files (copy it with cp -rL)"
+        )
     if not manifest_path.is_file():
         raise BadInputError(f"{path} has no {MANIFEST}; expected a golden bundle made by `pe-export golden`")
     try:

@@ -124,9 +124,13 @@ def _judged_precision(file_precision: str, arithmetic: str | None) -> str:
 
 def _runner_options(runtime: str, options: ParityOptions) -> dict[str, Any]:
     return runner_options(
-        runtime, threads=options.threads, providers=options.providers, tf32=options.tf32,
-        gpu_precision=options.gpu_precision, cpu_fallback=options.cpu_fallback,
-    )  # fmt: skip
+        runtime,
+        threads=options.threads,
+        providers=options.providers,
+        tf32=options.tf32,
+        gpu_precision=options.gpu_precision,
+        cpu_fallback=options.cpu_fallback,
+    )
 
 
 def _check_interface(runner: Runner, bundle: Bundle, model: Path) -> None:

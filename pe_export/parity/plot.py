@@ -14,8 +14,10 @@ def check_plot_output(path: Path, *, overwrite: bool) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise BadInputError(f"--plot {path}: matplotlib is not installed; install it with: "
-                            "pip install 'pe-export[plot]', or drop --plot") from None  # fmt: skip
+        raise BadInputError(
+            f"--plot {path}: matplotlib is not installed; install it with: "
+            "pip install 'pe-export[plot]', or drop --plot"
+        ) from None
     check_output_path(path, overwrite=overwrite, suffix=".png", flag="--plot")
 
 

@@ -50,12 +50,14 @@ class OutputMetrics:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OutputMetrics:
         profile = data.get("position_max_abs")
-        return cls(**{
-            **data,
-            "shape": tuple(data["shape"]),
-            "worst_index": tuple(data["worst_index"]),
-            "position_max_abs": None if profile is None else tuple(profile),
-        })  # fmt: skip
+        return cls(
+            **{
+                **data,
+                "shape": tuple(data["shape"]),
+                "worst_index": tuple(data["worst_index"]),
+                "position_max_abs": None if profile is None else tuple(profile),
+            }
+        )
 
     def cosines(self) -> str:
         """The cosines the tolerance judges, for a failure message."""
@@ -186,9 +188,12 @@ class ParityReport:
             f"tolerance; {worst.name!r}{f' ({worst.case} inputs)' if worst.case else ''} max abs {worst.max_abs:.3g} "
             f"(atol {tol.atol:g}, rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g}), "
             f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
-            + (f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
-               if self.arithmetic == "fp16" else "")
-        )  # fmt: skip
+            + (
+                f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
+                if self.arithmetic == "fp16"
+                else ""
+            )
+        )
 
 
 class ParityAssertionError(ParityError, AssertionError):

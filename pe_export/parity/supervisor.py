@@ -53,8 +53,10 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
         try:
             process = subprocess.Popen(
                 [*python, "-m", "pe_export.parity.supervisor", json.dumps(request)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
         except OSError as err:
             raise RuntimeUnavailableError(
                 f"could not start the parity check's child process with {' '.join(python)} ({err.strerror}); "

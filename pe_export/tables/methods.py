@@ -35,8 +35,9 @@ class Compressed:
         return sum(a.size for a in self.arrays.values() if np.issubdtype(a.dtype, np.floating))
 
     def stored_bytes(self, itemsize: int) -> int:
-        return sum(a.size * (itemsize if np.issubdtype(a.dtype, np.floating) else a.itemsize)
-                   for a in self.arrays.values())  # fmt: skip
+        return sum(
+            a.size * (itemsize if np.issubdtype(a.dtype, np.floating) else a.itemsize) for a in self.arrays.values()
+        )
 
 
 class Method(ABC):
@@ -71,10 +72,12 @@ class Frozen(Method):
     @classmethod
     def plan(cls, table: np.ndarray, fit: SinusoidFit | None, budget: int | None) -> Compressed | None:
         return Compressed(
-            cls.name, True, {"table": table},
+            cls.name,
+            True,
+            {"table": table},
             rebuild=lambda p, a: a["table"][p],
             emit=lambda tf, p, store: store.take("table", p),
-        )  # fmt: skip
+        )
 
 
 @register_method("angle")
@@ -99,21 +102,25 @@ class AngleAddition(Method):
         starts = np.arange(blocks, dtype=np.float64)[:, None] * block * frequencies[None, :]
         offsets = np.arange(block, dtype=np.float64)[:, None] * frequencies[None, :]
         arrays = {
-            "start_sin": np.sin(starts), "start_cos": np.cos(starts),
-            "offset_sin": np.sin(offsets), "offset_cos": np.cos(offsets),
+            "start_sin": np.sin(starts),
+            "start_cos": np.cos(starts),
+            "offset_sin": np.sin(offsets),
+            "offset_cos": np.cos(offsets),
             # Column c takes the sine (index g) or the cosine (index u + g) of its frequency g.
             "columns": (groups + np.where(fit.phases == COS, unique, 0)).astype(np.int32),
             "block": np.array(block, dtype=np.int32),
-        }  # fmt: skip
+        }
         columns = arrays["columns"]
         if _standard_columns(columns):
             del arrays["columns"]  # the layout is rebuilt by concat or stack: no index map to store
         compressed = Compressed(
-            cls.name, True, arrays,
+            cls.name,
+            True,
+            arrays,
             rebuild=lambda p, a: _angle_rebuild(p, a, columns),
             emit=lambda tf, p, c: _angle_emit(tf, p, c, columns),
             notes={"block": block, "frequencies": unique},
-        )  # fmt: skip
+        )
         if budget is not None and compressed.stored_values() > budget * length:
             return None
         return compressed
@@ -185,11 +192,13 @@ class TruncatedSVD(Method):
         numerical_rank = int((s > s[0] * 1e-7).sum()) if s.size else 0
         arrays = {"left": u[:, :rank] * s[:rank], "right": vt[:rank]}
         return Compressed(
-            cls.name, rank >= numerical_rank, arrays,
+            cls.name,
+            rank >= numerical_rank,
+            arrays,
             rebuild=lambda p, a: a["left"][p] @ a["right"],
             emit=lambda tf, p, store: tf.matmul(store.take("left", p), store.whole("right")),
             notes={"rank": rank, "energy_kept": energy, "numerical_rank": numerical_rank},
-        )  # fmt: skip
+        )
 
 
 @register_method("interp")
@@ -218,10 +227,18 @@ class SeedInterpolation(Method):
         alpha = np.clip(alpha, 0.0, 1.0)
         arrays = {
             "kept": table[:, kept_columns],
-            "low": low.astype(np.int32), "high": high.astype(np.int32), "alpha": alpha,
-        }  # fmt: skip
-        return Compressed(cls.name, kept == width, arrays, rebuild=_interp_rebuild, emit=_interp_emit,
-                          notes={"kept_dims": kept, "stride": stride})  # fmt: skip
+            "low": low.astype(np.int32),
+            "high": high.astype(np.int32),
+            "alpha": alpha,
+        }
+        return Compressed(
+            cls.name,
+            kept == width,
+            arrays,
+            rebuild=_interp_rebuild,
+            emit=_interp_emit,
+            notes={"kept_dims": kept, "stride": stride},
+        )
 
 
 def _interp_rebuild(positions: np.ndarray, a: dict[str, np.ndarray]) -> np.ndarray:

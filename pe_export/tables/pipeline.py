@@ -123,8 +123,10 @@ def plan_table(table: TableInfo, options: TableOptions) -> TableResult:
             "use --compress-method auto, svd or a larger --compress"
         )
     storage = np.dtype(options.table_dtype)
-    stored = {k: (v.astype(storage).astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v)
-              for k, v in compressed.arrays.items()}  # fmt: skip
+    stored = {
+        k: (v.astype(storage).astype(np.float64) if np.issubdtype(v.dtype, np.floating) else v)
+        for k, v in compressed.arrays.items()
+    }
     rebuilt = compressed.rebuild(np.arange(wanted.shape[0]), stored)
     error = float(np.max(np.abs(rebuilt - exact)))
     if not np.isfinite(rebuilt).all():
@@ -155,10 +157,11 @@ def _lossy_trial(table: TableInfo, wanted: np.ndarray, exact: np.ndarray, option
     bytes_after = plan.stored_bytes(np.dtype(options.table_dtype).itemsize)
     rank, energy = plan.notes["rank"], plan.notes["energy_kept"]
     return TableResult.unchanged(
-        table, wanted.shape[0],
+        table,
+        wanted.shape[0],
         f"svd rank {rank} would store {bytes_after:,} B, keep {energy:.1%} of the energy and err {error:.3g} "
         f"(over atol {options.lossy_atol:g}); --compress-method svd --allow-lossy takes it",
-    )  # fmt: skip
+    )
 
 
 def _auto_method(wanted: np.ndarray, table: TableInfo, options: TableOptions) -> str:
@@ -296,8 +299,9 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
     if options.list_only:
-        return PreparedGraph(folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables],
-                             unfolded=len(relatives))  # fmt: skip
+        return PreparedGraph(
+            folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables], unfolded=len(relatives)
+        )
     results = [plan_table(table, options) for table in tables]
     for result in results:
         for message in result.warnings:

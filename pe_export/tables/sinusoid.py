@@ -55,10 +55,15 @@ def group_columns(
     shared value is the estimates' mean weighted by each column's sensitivity to w.
     """
     positions = np.arange(table.shape[0], dtype=np.float64)
-    weights = np.array([
-        float(((positions * (np.cos if phase == SIN else np.sin)(positions * w)) ** 2).sum())
-        for w, phase in zip(frequencies, phases, strict=True)
-    ]) + 1e-30  # fmt: skip
+    weights = (
+        np.array(
+            [
+                float(((positions * (np.cos if phase == SIN else np.sin)(positions * w)) ** 2).sum())
+                for w, phase in zip(frequencies, phases, strict=True)
+            ]
+        )
+        + 1e-30
+    )
     order = np.argsort(frequencies)
     clusters: list[list[int]] = []
     values: list[float] = []

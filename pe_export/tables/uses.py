@@ -24,13 +24,49 @@ VIEW_OPS = frozenset({"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "B
 WEIGHT_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv1D"})
 ELEMENTWISE_BINARY = frozenset({"Add", "AddV2", "Mul", "Sub"})
 # Integer index arithmetic that keeps what an index means (offsets, clipping, negative-index wrap).
-_INDEX_KEEPS = frozenset({
-    "Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "BroadcastTo", "Tile", "Add", "AddV2",
-    "Minimum", "Maximum", "ClipByValue", "SelectV2", "Select", "Mul", "FloorMod", "Pack", "ConcatV2",
-})  # fmt: skip
+_INDEX_KEEPS = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "ExpandDims",
+        "Reshape",
+        "Squeeze",
+        "BroadcastTo",
+        "Tile",
+        "Add",
+        "AddV2",
+        "Minimum",
+        "Maximum",
+        "ClipByValue",
+        "SelectV2",
+        "Select",
+        "Mul",
+        "FloorMod",
+        "Pack",
+        "ConcatV2",
+    }
+)
 # Index arithmetic applied to a difference of positions: relative-position buckets (T5, DeBERTa).
-_DISTANCE_KEEPS = frozenset({"Abs", "Sign", "Neg", "Log", "Floor", "Ceil", "Round", "RealDiv", "Div", "FloorDiv",
-                             "Less", "Greater", "LessEqual", "GreaterEqual", "LogicalAnd", "LogicalOr"})  # fmt: skip
+_DISTANCE_KEEPS = frozenset(
+    {
+        "Abs",
+        "Sign",
+        "Neg",
+        "Log",
+        "Floor",
+        "Ceil",
+        "Round",
+        "RealDiv",
+        "Div",
+        "FloorDiv",
+        "Less",
+        "Greater",
+        "LessEqual",
+        "GreaterEqual",
+        "LogicalAnd",
+        "LogicalOr",
+    }
+)
 _MAX_DEPTH = 24
 POSITION_INPUT_WORDS = ("position", "pos_id", "positions")
 OWN_ZEROS = ("pe_export_tables/run_time_zero", "pe_export_relative/run_time_zero")  # tables/graph.py
@@ -188,8 +224,10 @@ def _broadcast_use(graph: GraphIndex, consumer: Any, table: str, rows: int) -> U
     if mapped != 1 or out[mapped] not in (rows, None):
         return None
     verb = "added to" if consumer.op in ("Add", "AddV2") else ("multiplied into" if consumer.op == "Mul" else "used by")
-    return Use(POSITION, f"{verb} run-time activations along their sequence axis ({rows} positions) "
-                         f"at node {short(consumer.name)}")  # fmt: skip
+    return Use(
+        POSITION,
+        f"{verb} run-time activations along their sequence axis ({rows} positions) at node {short(consumer.name)}",
+    )
 
 
 def _projected_then_gathered_by_distance(graph: GraphIndex, name: str) -> Use | None:
@@ -209,8 +247,9 @@ def _projected_then_gathered_by_distance(graph: GraphIndex, name: str) -> Use | 
                     continue
                 origin, how = index_origin(graph, consumer.input[1])
                 if origin == "distance":
-                    return Use(RELATIVE, f"projected, then gathered by a distance index ({how}) "
-                                         f"at node {short(consumer.name)}")  # fmt: skip
+                    return Use(
+                        RELATIVE, f"projected, then gathered by a distance index ({how}) at node {short(consumer.name)}"
+                    )
                 if origin == "input":
                     return None
             frontier.append((consumer.name, depth + 1, view and consumer.op in VIEW_OPS))

@@ -156,9 +156,23 @@ def main(argv: list[str] | None = None) -> int:
             row = {"model": str(model), "run": label, **bench.to_dict(), "tegrastats_log": kept_log, **figures}
             results.append(row)
     (args.out / "results.json").write_text(json.dumps({"environment": environment, "runs": results}, indent=2))
-    columns = ["model", "run", "runtime", "p50", "p90", "p99", "sequences_per_s", "mean_power_mw",
-               "energy_mj_per_inference", "energy_above_idle_mj_per_inference", "max_temp_c", "mean_gpu_load",
-               "mean_cpu_load", "max_ram_used_mb", "error"]  # fmt: skip
+    columns = [
+        "model",
+        "run",
+        "runtime",
+        "p50",
+        "p90",
+        "p99",
+        "sequences_per_s",
+        "mean_power_mw",
+        "energy_mj_per_inference",
+        "energy_above_idle_mj_per_inference",
+        "max_temp_c",
+        "mean_gpu_load",
+        "mean_cpu_load",
+        "max_ram_used_mb",
+        "error",
+    ]
     with (args.out / "results.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, columns, extrasaction="ignore")
         writer.writeheader()
@@ -210,11 +224,16 @@ def summary(environment: dict[str, Any], results: list[dict[str, Any]]) -> str:
             continue
         power, energy, dynamic = (
             "-" if row[key] is None else f"{row[key]:.{digits}f}"
-            for key, digits in (("mean_power_mw", 0), ("energy_mj_per_inference", 3),
-                                ("energy_above_idle_mj_per_inference", 3))
-        )  # fmt: skip
-        lines.append(f"{row['run']:<22} {row['latency_ms']['p50']:>8.3f} {row['sequences_per_s']:>9.1f} "
-                     f"{power:>9} {energy:>13} {dynamic:>11}")  # fmt: skip
+            for key, digits in (
+                ("mean_power_mw", 0),
+                ("energy_mj_per_inference", 3),
+                ("energy_above_idle_mj_per_inference", 3),
+            )
+        )
+        lines.append(
+            f"{row['run']:<22} {row['latency_ms']['p50']:>8.3f} {row['sequences_per_s']:>9.1f} "
+            f"{power:>9} {energy:>13} {dynamic:>11}"
+        )
     bases = sorted({row["power_basis"] for row in results if row.get("power_basis")})
     if bases:
         lines.append(f"mean mW: module power from {', '.join(bases)} over the timed runs (carrier board not included)")

@@ -121,9 +121,11 @@ def test_onnx_that_onnxruntime_cannot_load_is_a_conversion_error() -> None:
     # Valid for onnx.checker (the op is in a custom domain) but no kernel exists for it.
     node = helper.make_node("NoSuchKernel", ["x"], ["y"], domain="com.example")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     onnx.checker.check_model(model)
     with pytest.raises(ConversionError, match="onnxruntime cannot load"):

@@ -27,12 +27,19 @@ def small_graph() -> onnx.ModelProto:
         helper.make_node("Reshape", ["U", "u_shape"], ["z"]),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
-        [helper.make_tensor_value_info(name, kind, shape)
-         for name, kind, shape in (("y", TensorProto.FLOAT, [None, 4]), ("dims", TensorProto.INT64, [2]),
-                                   ("z", TensorProto.FLOAT, [6]))],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [
+            helper.make_tensor_value_info(name, kind, shape)
+            for name, kind, shape in (
+                ("y", TensorProto.FLOAT, [None, 4]),
+                ("dims", TensorProto.INT64, [2]),
+                ("z", TensorProto.FLOAT, [6]),
+            )
+        ],
         initializer=[weight, shape_only, also_read],
-    )  # fmt: skip
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -72,17 +79,21 @@ def test_exported_encoder_keeps_no_weight_for_its_shape_alone(saved_model, tmp_p
 def gemm_graph() -> onnx.ModelProto:
     """y = Gemm(x, W, C, transB=1); z = Gemm(x, V) without a bias; w = Gemm(x, W, C, beta=0.5) (left alone)."""
     rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
-             for name, shape in (("W", (6, 4)), ("C", (6,)), ("V", (4, 5)))]  # fmt: skip
+    inits = [
+        numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+        for name, shape in (("W", (6, 4)), ("C", (6,)), ("V", (4, 5)))
+    ]
     nodes = [
         helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="with_bias", transB=1),
         helper.make_node("Gemm", ["x", "V"], ["z"], name="no_bias"),
         helper.make_node("Gemm", ["x", "W", "C"], ["w"], name="scaled_bias", transB=1, beta=0.5),
     ]
-    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, n]) for name, n in (("y", 6), ("z", 5),
-                                                                                                 ("w", 6))]  # fmt: skip
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
-                              outputs, initializer=inits)  # fmt: skip
+    outputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, n]) for name, n in (("y", 6), ("z", 5), ("w", 6))
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])], outputs, initializer=inits
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -93,7 +104,11 @@ def test_gemm_by_a_constant_becomes_matmul_with_the_same_arithmetic() -> None:
     assert gemms_to_matmuls(model) == 2
     onnx.checker.check_model(model, full_check=True)
     ops = [(node.op_type, node.name) for node in model.graph.node]
-    assert ops == [("MatMul", "with_bias__matmul"), ("Add", "with_bias__bias"), ("MatMul", "no_bias__matmul"),
-                   ("Gemm", "scaled_bias")]  # fmt: skip
+    assert ops == [
+        ("MatMul", "with_bias__matmul"),
+        ("Add", "with_bias__bias"),
+        ("MatMul", "no_bias__matmul"),
+        ("Gemm", "scaled_bias"),
+    ]
     for got, want in zip(run(model, x), before, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -15,8 +15,10 @@ from tests.helpers import outlier_feeds
 def outlier_model() -> onnx.ModelProto:
     """y = x·W1, z = x·W2 (two readers of one activation), u = relu(y)·W3."""
     rng = np.random.default_rng(5)
-    inits = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
-             for name, shape in (("W1", (32, 24)), ("W2", (32, 8)), ("W3", (24, 16)))]  # fmt: skip
+    inits = [
+        numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+        for name, shape in (("W1", (32, 24)), ("W2", (32, 8)), ("W3", (24, 16)))
+    ]
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["y"], name="first"),
         helper.make_node("MatMul", ["x", "W2"], ["z"], name="second"),
@@ -24,8 +26,9 @@ def outlier_model() -> onnx.ModelProto:
         helper.make_node("MatMul", ["r", "W3"], ["u"], name="third"),
     ]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, d]) for n, d in (("z", 8), ("u", 16))]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])],
-                              outputs, initializer=inits)  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])], outputs, initializer=inits
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -33,8 +36,9 @@ def feeds(seed: int) -> list[dict[str, np.ndarray]]:
     return outlier_feeds(seed, width=32)
 
 
-def relative_error(model: onnx.ModelProto, reference: list[dict[str, np.ndarray]],
-                   inputs: list[dict[str, np.ndarray]]) -> float:  # fmt: skip
+def relative_error(
+    model: onnx.ModelProto, reference: list[dict[str, np.ndarray]], inputs: list[dict[str, np.ndarray]]
+) -> float:
     got = _run(model, inputs)
     error = sum(float(np.square(g[k] - r[k]).sum()) for g, r in zip(got, reference, strict=True) for k in r)
     return error / sum(float(np.square(r[k]).sum()) for r in reference for k in r)
@@ -59,9 +63,12 @@ def test_smoothing_keeps_the_float_outputs_and_cuts_the_int8_error() -> None:
 
 
 def test_nothing_to_smooth_without_a_constant_matmul() -> None:
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     smoothed, smoothing = smooth_activations(model, [{"x": np.ones((2, 4), np.float32)}], _run)
     assert (smoothing.tensors, smoothing.smoothed) == (0, 0) and len(smoothed.graph.node) == 1

@@ -97,8 +97,9 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
 def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
     model = saved_model("encoder_dynamic")
     default = export_tflite(model, tmp_path / "default.tflite", ExportOptions(quantize="dynamic-int8"))
-    strict = export_tflite(model, tmp_path / "strict.tflite",
-                           ExportOptions(quantize="dynamic-int8", min_cosine=0.99999))  # fmt: skip
+    strict = export_tflite(
+        model, tmp_path / "strict.tflite", ExportOptions(quantize="dynamic-int8", min_cosine=0.99999)
+    )
     default_note = next(n for n in default.notes if n.startswith("int8:"))
     strict_note = next(n for n in strict.notes if n.startswith("int8:"))
     print(default_note, default.parity.min_cosine, "|", strict_note, strict.parity.min_cosine)

@@ -47,9 +47,12 @@ def test_training_is_deterministic() -> None:
     digests = []
     for _ in range(2):
         retrained = subprocess.run(
-            [sys.executable, "-m", "pe_export.encoders.task", "--check"], capture_output=True, text=True,
-            timeout=600, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "pe_export.encoders.task", "--check"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert retrained.returncode == 0, retrained.stderr[-2000:]
         assert "task accuracy 1.0000" in retrained.stdout, retrained.stdout
         digests.append(retrained.stdout.rsplit("weights sha256 ", 1)[-1].strip())

@@ -111,9 +111,14 @@ def test_garbage_onnx_is_bad_input(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("min_runtime_version", "runs", "said"),
-    [("2.17.0", False, "TFLite ≥ 2.17.0"), ("2.14.0", True, "2.14.0 ≤ 2.14.0"), ("2.10.0", True, "2.10.0 ≤"),
-     (None, True, "no min_runtime_version"), ("2.x", True, "no min_runtime_version")],
-)  # fmt: skip
+    [
+        ("2.17.0", False, "TFLite ≥ 2.17.0"),
+        ("2.14.0", True, "2.14.0 ≤ 2.14.0"),
+        ("2.10.0", True, "2.10.0 ≤"),
+        (None, True, "no min_runtime_version"),
+        ("2.x", True, "no min_runtime_version"),
+    ],
+)
 def test_tflite_runtime_verdict_reads_min_runtime_version(
     min_runtime_version: str | None, runs: bool, said: str
 ) -> None:

@@ -56,8 +56,9 @@ def rewrite_batch(bundle: Path, edit) -> None:
     (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize(("key", "precision"), [("tflite", "fp32"), ("tflite-fp16", "fp16"),
-                                                ("tflite-int8", "int8"), ("onnx", "fp32")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "precision"), [("tflite", "fp32"), ("tflite-fp16", "fp16"), ("tflite-int8", "int8"), ("onnx", "fp32")]
+)
 def test_exports_pass_with_default_tolerances(capfd, files, tmp_path: Path, key: str, precision: str) -> None:
     report_path = tmp_path / "report.json"
     result = run_cli(capfd, "parity", files[key], files["bundle"], "--json", report_path)
@@ -230,8 +231,13 @@ def test_the_supervising_process_loads_neither_numpy_nor_a_runtime(files) -> Non
         "    print('exit', done.code, 'loaded', [m for m in heavy if m in sys.modules])"
     )
     for model in (files["onnx"], files["tflite"]):
-        done = subprocess.run([sys.executable, "-c", probe, str(model), str(files["bundle"])], capture_output=True,
-                              text=True, check=False, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", probe, str(model), str(files["bundle"])],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
         assert done.stdout.strip().splitlines()[-1] == "exit 0 loaded []", done.stdout + done.stderr
 
 
@@ -247,11 +253,15 @@ def test_golden_from_user_inputs(capfd, files, saved_model, tmp_path: Path) -> N
     rng = np.random.default_rng(1)
     mask = np.ones((5, 10), np.int64)
     mask[2:, 6:] = 0
-    inputs = {"token_ids": rng.integers(1, 64, (5, 10)), "segment_ids": np.zeros((5, 10), np.int64),
-              "attention_mask": mask}  # fmt: skip
+    inputs = {
+        "token_ids": rng.integers(1, 64, (5, 10)),
+        "segment_ids": np.zeros((5, 10), np.int64),
+        "attention_mask": mask,
+    }
     np.savez(tmp_path / "mine.npz", **inputs)
-    result = run_cli(capfd, "golden", saved_model(MODEL), "-o", tmp_path / "b", "--inputs", tmp_path / "mine.npz",
-                     "--batch", "2")  # fmt: skip
+    result = run_cli(
+        capfd, "golden", saved_model(MODEL), "-o", tmp_path / "b", "--inputs", tmp_path / "mine.npz", "--batch", "2"
+    )
     assert result.exit_code == 0, result.stderr
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["samples"] == 5 and [b["samples"] for b in manifest["batches"]] == [2, 2, 1]

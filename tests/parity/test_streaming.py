@@ -22,11 +22,15 @@ def test_peak_rss_is_flat_in_bundle_size(saved_model, exported_file, tmp_path: P
     large_bytes = sum(p.stat().st_size for p in large.rglob("*.npz"))
     assert large_bytes > 4 * ALLOWED_GROWTH_MB * 2**20  # held in memory, it would blow the allowance
 
-    figures = {name: measured_parity(sys.executable, model, bundle, tmp_path)
-               for name, bundle in (("small", small), ("large", large))}  # fmt: skip
+    figures = {
+        name: measured_parity(sys.executable, model, bundle, tmp_path)
+        for name, bundle in (("small", small), ("large", large))
+    }
     for name, f in figures.items():
-        print(f"{name}: {f['samples']} samples, parent peak RSS {f['parent_peak_rss_mb']:.1f} MB, "
-              f"runtime child peak RSS {f['child_peak_rss_mb']:.1f} MB, total {f['total_s']:.2f} s")  # fmt: skip
+        print(
+            f"{name}: {f['samples']} samples, parent peak RSS {f['parent_peak_rss_mb']:.1f} MB, "
+            f"runtime child peak RSS {f['child_peak_rss_mb']:.1f} MB, total {f['total_s']:.2f} s"
+        )
         assert f["passed"]
     growth = max(figures["large"][key] - figures["small"][key] for key in ("parent_peak_rss_mb", "child_peak_rss_mb"))
     assert growth < ALLOWED_GROWTH_MB, figures

@@ -55,22 +55,26 @@ def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def pe_export(env: dict[str, str], *args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pe_export.cli", *map(str, args)],
-        capture_output=True, text=True, check=False, timeout=600, env={**os.environ, **env},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, **env},
+    )
 
 
 def gpu_parity(env: dict[str, str], model: Path, golden: Path, tmp_path: Path, *options: str) -> tuple[int, dict]:
     report = tmp_path / "report.json"
-    done = pe_export(env, "parity", model, golden, "--runtime", "litert-gpu", "--json", report, "--overwrite",
-                     *options)  # fmt: skip
+    done = pe_export(env, "parity", model, golden, "--runtime", "litert-gpu", "--json", report, "--overwrite", *options)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, json.loads(report.read_text())
 
 
 @pytest.mark.parametrize("quantize", ["none", "float16"])
 def test_fp32_arithmetic_on_the_gpu_passes_the_fp32_tolerance(vulkan_env, fixed_demo, tmp_path, quantize) -> None:
-    code, report = gpu_parity(vulkan_env, fixed_demo[quantize], fixed_demo["golden"], tmp_path,
-                              "--gpu-precision", "fp32", "--cpu-fallback")  # fmt: skip
+    code, report = gpu_parity(
+        vulkan_env, fixed_demo[quantize], fixed_demo["golden"], tmp_path, "--gpu-precision", "fp32", "--cpu-fallback"
+    )
     logits = report["outputs"][0]
     assert code == ExitCode.OK and report["passed"], logits
     file_precision = "fp32" if quantize == "none" else "fp16"
@@ -96,8 +100,9 @@ def test_default_gpu_arithmetic_is_fp16_and_judged_by_the_fp16_tolerance(vulkan_
 
 
 def test_the_failure_line_names_the_gpu_precision(vulkan_env, fixed_demo) -> None:
-    done = pe_export(vulkan_env, "parity", fixed_demo["none"], fixed_demo["golden"], "--runtime", "litert-gpu",
-                     "--cpu-fallback")  # fmt: skip
+    done = pe_export(
+        vulkan_env, "parity", fixed_demo["none"], fixed_demo["golden"], "--runtime", "litert-gpu", "--cpu-fallback"
+    )
     assert done.returncode == ExitCode.PARITY_FAILED
     last_line = done.stderr.strip().splitlines()[-1]
     assert last_line.endswith("computed in fp16 (--gpu-precision fp32 checks the file itself)")
@@ -112,8 +117,9 @@ def test_ops_the_gpu_lacks_are_refused_unless_the_cpu_may_take_them(vulkan_env, 
 
 def test_no_vulkan_adapter_is_one_line_exit_3(vulkan_env, fixed_demo, tmp_path) -> None:
     no_driver = {**vulkan_env, "VK_ICD_FILENAMES": str(tmp_path / "no-such-icd.json")}
-    done = pe_export(no_driver, "parity", fixed_demo["none"], fixed_demo["golden"], "--runtime", "litert-gpu",
-                     "--cpu-fallback")  # fmt: skip
+    done = pe_export(
+        no_driver, "parity", fixed_demo["none"], fixed_demo["golden"], "--runtime", "litert-gpu", "--cpu-fallback"
+    )
     assert done.returncode == ExitCode.RUNTIME_UNAVAILABLE, done.stderr
     assert done.stderr.strip().splitlines() == [
         "error: litert-gpu found no GPU: no Vulkan adapter (is libvulkan.so.1 and a driver's ICD installed?); "
@@ -131,8 +137,22 @@ def test_dynamic_shapes_are_refused_before_compiling(vulkan_env, fixed_demo, tmp
 
 def test_bench_on_the_gpu(vulkan_env, fixed_demo, tmp_path) -> None:
     result = tmp_path / "bench.json"
-    done = pe_export(vulkan_env, "bench", fixed_demo["none"], "--runtime", "litert-gpu", "--cpu-fallback",
-                     "--gpu-precision", "fp32", "--runs", "10", "--warmup", "2", "--json", result)  # fmt: skip
+    done = pe_export(
+        vulkan_env,
+        "bench",
+        fixed_demo["none"],
+        "--runtime",
+        "litert-gpu",
+        "--cpu-fallback",
+        "--gpu-precision",
+        "fp32",
+        "--runs",
+        "10",
+        "--warmup",
+        "2",
+        "--json",
+        result,
+    )
     assert done.returncode == 0, done.stderr
     figures = json.loads(result.read_text())
     assert figures["runtime"].startswith("litert-gpu[fp32 math; llvmpipe") and figures["seq_len"] == SEQ_LEN
@@ -165,9 +185,14 @@ def test_compile_log_is_read_for_adapter_partition_and_unsupported_ops() -> None
     )
     summary = gpu_log_summary(log)
     assert summary == {
-        "adapter": "llvmpipe", "gpu_ops": 99, "cpu_ops": 8, "no_adapter": False,
+        "adapter": "llvmpipe",
+        "gpu_ops": 99,
+        "cpu_ops": 8,
+        "no_adapter": False,
         "unsupported": {
-            "DEQUANTIZE": "not supported", "GATHER": "Only support 1D indices", "CUMSUM": "Operation is not supported."
+            "DEQUANTIZE": "not supported",
+            "GATHER": "Only support 1D indices",
+            "CUMSUM": "Operation is not supported.",
         },
-    }  # fmt: skip
+    }
     assert gpu_log_summary("ERROR: Failed to initialize WebGPU environment: INTERNAL: No adapters found")["no_adapter"]

@@ -91,8 +91,12 @@ def test_runner_options_give_each_runtime_only_its_own_options() -> None:
     everything = {"providers": ("cuda",), "tf32": True, "gpu_precision": "fp32", "cpu_fallback": True}
     assert runner_options("litert", threads=2, **everything) == {"threads": 2}
     assert runner_options("onnxruntime", threads=None, **everything) == {
-        "threads": None, "providers": ("cuda",), "tf32": True,
-    }  # fmt: skip
+        "threads": None,
+        "providers": ("cuda",),
+        "tf32": True,
+    }
     assert runner_options("litert-gpu", threads=1, **everything) == {
-        "threads": 1, "gpu_precision": "fp32", "cpu_fallback": True,
-    }  # fmt: skip
+        "threads": 1,
+        "gpu_precision": "fp32",
+        "cpu_fallback": True,
+    }

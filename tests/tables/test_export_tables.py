@@ -32,8 +32,9 @@ def table_options_for(kinds: list[str]) -> TableOptions:
 
 @pytest.mark.parametrize("seq_len", [16, None])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_variant_is_detected_and_exports_with_parity(variant: str, seq_len: int | None, variant_model,
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_variant_is_detected_and_exports_with_parity(
+    variant: str, seq_len: int | None, variant_model, tmp_path: Path
+) -> None:
     model = variant_model(variant, seq_len)
     found = sorted(r.table.kind for r in find_position_tables(model, ExportOptions()))
     expected = VARIANTS[variant][1] if seq_len else DYNAMIC_KINDS.get(variant, VARIANTS[variant][1])
@@ -57,9 +58,11 @@ def test_compress_64_on_512x512_saves_the_table(seq_len: int | None, variant_mod
         small = export(model, tmp_path / f"small.{target}", ExportOptions(tables=TableOptions(compress=64)))
         saved = plain.summary.file_bytes - small.summary.file_bytes
         (table,) = small.tables
-        print(f"{target} seq {seq_len}: {plain.summary.file_bytes:,} → {small.summary.file_bytes:,} B "
-              f"(saved {saved:,}), table {table.bytes_before:,} → {table.bytes_after:,} B, "
-              f"end-to-end {small.parity.max_abs:.2g}")  # fmt: skip
+        print(
+            f"{target} seq {seq_len}: {plain.summary.file_bytes:,} → {small.summary.file_bytes:,} B "
+            f"(saved {saved:,}), table {table.bytes_before:,} → {table.bytes_after:,} B, "
+            f"end-to-end {small.parity.max_abs:.2g}"
+        )
         assert table.method == "angle" and table.exact and table.max_error < 1e-6
         assert saved >= 0.9 * TABLE_BYTES_512
         assert small.parity.max_abs <= 1e-4
@@ -77,8 +80,10 @@ def test_8192x256_table_shrinks_30x_exactly(variant_model, tmp_path: Path) -> No
         compressed = ExportOptions(verify=False, tables=TableOptions(compress=64))
         small = export(model, tmp_path / f"small.{target}", compressed)
         footprint = table_bytes - (plain.summary.file_bytes - small.summary.file_bytes)
-        print(f"{target}: 8192x256 table {table_bytes:,} B takes {footprint:,} B in the file "
-              f"({table_bytes / footprint:.1f}x smaller)")  # fmt: skip
+        print(
+            f"{target}: 8192x256 table {table_bytes:,} B takes {footprint:,} B in the file "
+            f"({table_bytes / footprint:.1f}x smaller)"
+        )
         assert table_bytes / footprint >= 30
         assert max_abs_error(run(tmp_path / f"small.{target}", feed), expected) <= 1e-5
 
@@ -98,8 +103,10 @@ def test_svd_on_learned_table_reports_energy_and_end_to_end_error(variant_model,
     model = variant_model("learned", None)
     strict = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(compress=8, method="svd")))
     (table,) = strict.tables
-    print(f"learned 64x32, svd rank {table.notes['rank']}: energy kept {table.notes['energy_kept']:.3f}, "
-          f"table error {table.max_error:.3g}, end-to-end {strict.parity.max_abs:.3g}")  # fmt: skip
+    print(
+        f"learned 64x32, svd rank {table.notes['rank']}: energy kept {table.notes['energy_kept']:.3f}, "
+        f"table error {table.max_error:.3g}, end-to-end {strict.parity.max_abs:.3g}"
+    )
     assert table.method == "svd" and not table.exact and 0 < table.notes["energy_kept"] < 1
     assert strict.exit_code == ExitCode.PARITY_FAILED and strict.parity.max_abs > 1e-4
     options = ExportOptions(overwrite=True, tables=TableOptions(compress=8, method="svd", allow_lossy=True))
@@ -144,16 +151,26 @@ def test_list_tables_and_unknown_table_name(capfd, variant_model, tmp_path: Path
     assert not (tmp_path / "m.tflite").exists()
     unknown = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--list-tables", "--table", "nope")
     assert unknown.exit_code == ExitCode.BAD_INPUT and "--table nope" in unknown.stderr
-    angle = run_cli(capfd, "tflite", variant_model("learned", 16), "-o", tmp_path / "m.tflite", "--compress", "8",
-                    "--compress-method", "angle")  # fmt: skip
+    angle = run_cli(
+        capfd,
+        "tflite",
+        variant_model("learned", 16),
+        "-o",
+        tmp_path / "m.tflite",
+        "--compress",
+        "8",
+        "--compress-method",
+        "angle",
+    )
     assert angle.exit_code == ExitCode.BAD_INPUT and "it is not a sinusoid" in angle.stderr
 
 
 def test_max_len_stretches_learned_tables_with_a_warning(variant_model, tmp_path: Path) -> None:
     model = variant_model("learned", None)
     with pytest.warns(UserWarning, match="linear interpolation — an approximation"):
-        report = export_onnx(model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(max_len=128),
-                                                                       keep_failed=True))  # fmt: skip
+        report = export_onnx(
+            model, tmp_path / "m.onnx", ExportOptions(tables=TableOptions(max_len=128), keep_failed=True)
+        )
     (table,) = report.tables
     assert table.rows == 128 and table.warnings and table.method == "none"
     # The stretched rows no longer match the trained ones: a parity failure, so nothing at -o, and the
@@ -191,8 +208,10 @@ def test_relative_gathers_are_not_folded_at_a_fixed_length(variant: str, variant
         report = export(model, tmp_path / f"m.{target}", ExportOptions())
         floats = [c for c in report.summary.constants if c.dtype.startswith("float")]
         largest = max(floats, key=lambda c: c.nbytes)
-        print(f"{variant} {target}: {report.summary.file_bytes:,} B, largest float constant {largest.nbytes:,} B "
-              f"{largest.shape}, parity {report.parity.max_abs:.2g}")  # fmt: skip
+        print(
+            f"{variant} {target}: {report.summary.file_bytes:,} B, largest float constant {largest.nbytes:,} B "
+            f"{largest.shape}, parity {report.parity.max_abs:.2g}"
+        )
         assert report.exit_code == ExitCode.OK and report.parity.max_abs <= 1e-4
         assert all(c.nbytes < 64 * 64 * 4 for c in floats), largest
 
@@ -224,8 +243,11 @@ def test_onnx_rebuild_is_folded_once_at_session_creation(seq_len: int | None, va
         options.optimized_model_filepath = str(tmp_path / f"optimized-{int(level)}.onnx")
         session = ort.InferenceSession(str(tmp_path / "small.onnx"), options, providers=["CPUExecutionProvider"])
         outputs[level] = session.run(None, feed)[0]
-    np.testing.assert_allclose(outputs[ort.GraphOptimizationLevel.ORT_DISABLE_ALL],
-                               outputs[ort.GraphOptimizationLevel.ORT_ENABLE_BASIC], atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        outputs[ort.GraphOptimizationLevel.ORT_DISABLE_ALL],
+        outputs[ort.GraphOptimizationLevel.ORT_ENABLE_BASIC],
+        atol=1e-5,
+    )
     folded = onnx.load(str(tmp_path / f"optimized-{int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)}.onnx")).graph
     assert not any(node.name.startswith("pe_export_tables/") for node in folded.node)
     assert any(int(np.prod(init.dims)) >= 512 * 512 for init in folded.initializer)  # the whole table, in memory

@@ -34,8 +34,9 @@ def test_reports_exactly_the_tables_read_by_position(family: str, family_model) 
 
 @pytest.mark.parametrize("target", ["tflite", "onnx"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_exports_plain_and_compressed_within_fp32(family: str, target: str, family_model, tmp_path: Path,
-                                                  capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_exports_plain_and_compressed_within_fp32(
+    family: str, target: str, family_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     case = FAMILIES[family]
     model = family_model(family)
     length = ["--seq-len", str(case.seq_len)] if case.seq_len else []
@@ -84,22 +85,25 @@ def test_input_bounds_follow_keras_hub_id_wrapping(family_model) -> None:
     assert bounds == {"token_ids": 100, "segment_ids": 2}, bounds
 
 
-def test_rope_backbone_at_dynamic_length_keeps_its_signature(family_model, tmp_path: Path,
-                                                              capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_rope_backbone_at_dynamic_length_keeps_its_signature(
+    family_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The ExpandDims retry used to write no SignatureDef here (keras-hub's RoPE carries custom gradients)."""
     result = run_cli(capfd, "tflite", family_model("llama"), "-o", tmp_path / "m.tflite", "--builtins-only")
     assert result.exit_code == 0, result.stderr
     assert "converted as ExpandDims" in result.stdout and "signature serving_default" in result.stdout
 
 
-def test_compress_weighs_svd_on_a_learned_table_and_keeps_it(family_model, tmp_path: Path,
-                                                             capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_compress_weighs_svd_on_a_learned_table_and_keeps_it(
+    family_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A random-init 64x128 table is full rank: SVD within 64 values per position errs far over the fp32
     atol, so auto keeps the table and says what SVD would have cost; the export passes (exit 0)."""
     result = run_cli(capfd, "tflite", family_model("bert"), "-o", tmp_path / "m.tflite", "--compress", "64")
     assert result.exit_code == 0, result.stderr
-    match = re.search(r"kept: svd rank (\d+) would store ([\d,]+) B, keep ([\d.]+)% of the energy and err ([\d.e-]+)",
-                      result.stdout)  # fmt: skip
+    match = re.search(
+        r"kept: svd rank (\d+) would store ([\d,]+) B, keep ([\d.]+)% of the energy and err ([\d.e-]+)", result.stdout
+    )
     assert match, result.stdout
     rank, stored, energy, error = int(match[1]), int(match[2].replace(",", "")), float(match[3]), float(match[4])
     assert rank == 64 * 64 // (64 + 128) and stored == rank * (64 + 128) * 4

@@ -39,10 +39,13 @@ def test_long_table_is_exact() -> None:
     assert fit is not None and fit.max_error <= 1e-7 and fit.base == pytest.approx(10000.0)
 
 
-@pytest.mark.parametrize("table", [
-    np.random.default_rng(0).normal(size=(64, 32)),
-    sinusoid_table(64, 32) + np.random.default_rng(1).normal(0, 1e-2, (64, 32)),
-    np.zeros((64, 32)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "table",
+    [
+        np.random.default_rng(0).normal(size=(64, 32)),
+        sinusoid_table(64, 32) + np.random.default_rng(1).normal(0, 1e-2, (64, 32)),
+        np.zeros((64, 32)),
+    ],
+)
 def test_not_a_sinusoid(table: np.ndarray) -> None:
     assert fit_sinusoid(table.astype(np.float32)) is None

@@ -29,8 +29,14 @@ def onnx_and_golden(exported_file, saved_model, tmp_path_factory: pytest.TempPat
 def check(model: Path, golden: Path, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     if shutil.which("pe-export") is None:
         pytest.fail("pe-export is not on PATH; install the package (pip install -e '.[dev]')")
-    return subprocess.run(["bash", str(SCRIPT), str(model), str(golden), str(out)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600, check=False)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(model), str(golden), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
+        check=False,
+    )
 
 
 def test_without_a_gpu_the_gpu_steps_fail_by_name(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
@@ -44,17 +50,18 @@ def test_without_a_gpu_the_gpu_steps_fail_by_name(onnx_and_golden: tuple[Path, P
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["passed"] is False and report["exit_code"] == 3
     assert [(s["step"], s["exit_code"], s["result"]) for s in report["steps"]] == [
-        ("parity-tensorrt-cuda", 3, None), ("bench-tensorrt-cuda", 3, None),
-        ("parity-cuda", 3, None), ("bench-cuda", 3, None),
-    ]  # fmt: skip
+        ("parity-tensorrt-cuda", 3, None),
+        ("bench-tensorrt-cuda", 3, None),
+        ("parity-cuda", 3, None),
+        ("bench-cuda", 3, None),
+    ]
 
 
 def test_cpu_provider_set_runs_parity_and_bench_for_real(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "parity-cpu.json").write_text('{"stale": true}')  # from an earlier run: must not survive
-    done = check(*onnx_and_golden, out, PROVIDER_SETS="cpu", BENCH_RUNS="20", BENCH_SEQ_LEN="32",
-                 PE_EXPORT_TF32="1")  # fmt: skip
+    done = check(*onnx_and_golden, out, PROVIDER_SETS="cpu", BENCH_RUNS="20", BENCH_SEQ_LEN="32", PE_EXPORT_TF32="1")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] is True and [s["step"] for s in report["steps"]] == ["parity-cpu", "bench-cpu"]

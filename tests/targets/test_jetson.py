@@ -154,8 +154,20 @@ def test_benchmark_off_a_jetson_runs_the_cpu_parts(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no tegrastats, whatever this machine has
     tflite, onnx = exported_file("encoder_dynamic", "tflite"), exported_file("encoder_dynamic", "onnx")
-    code = jetson_benchmark([str(tflite), str(onnx), "--out", str(tmp_path / "bench"), "--target", "x86-cpu",
-                             "--seq-len", "16", "--runs", "20"])  # fmt: skip
+    code = jetson_benchmark(
+        [
+            str(tflite),
+            str(onnx),
+            "--out",
+            str(tmp_path / "bench"),
+            "--target",
+            "x86-cpu",
+            "--seq-len",
+            "16",
+            "--runs",
+            "20",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0 and "not a Jetson" in printed and "mJ/inference" in printed
     runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]

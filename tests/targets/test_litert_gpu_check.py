@@ -23,15 +23,26 @@ def test_prepared_kit_runs_the_gpu_check_in_a_bare_venv(tmp_path: Path) -> None:
     vulkan = software_vulkan_env()
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     with cache_lock("checkout"):  # prepare.sh builds pe-export's wheel in the checkout
-        prepared = subprocess.run(["bash", SCRIPTS / "prepare.sh", tmp_path / "kit", version], capture_output=True,
-                                  text=True, check=False, timeout=900)  # fmt: skip
+        prepared = subprocess.run(
+            ["bash", SCRIPTS / "prepare.sh", tmp_path / "kit", version],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     kit = tmp_path / "kit"
     assert sorted(p.name for p in kit.glob("*.tflite")) == ["encoder.float16.tflite", "encoder.fp32.tflite"]
     assert sum(p.stat().st_size for p in kit.rglob("*") if p.is_file()) < 64 << 20  # one device call carries it
     env = {**os.environ, **vulkan, "BENCH_RUNS": "3"}
-    ran = subprocess.run(["bash", SCRIPTS / "on-device.sh", kit, tmp_path / "results"], capture_output=True,
-                         text=True, check=False, timeout=900, env=env)  # fmt: skip
+    ran = subprocess.run(
+        ["bash", SCRIPTS / "on-device.sh", kit, tmp_path / "results"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env=env,
+    )
     report = json.loads((tmp_path / "results" / "report.json").read_text())
     steps = {step["step"]: step for step in report["steps"]}
     assert len(steps) == 8 and all(step["result"] for step in steps.values()), ran.stderr[-2000:]
