@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ class VariantResult:
             return "PASS"
         return "LOSSY (accepted)" if self.lossy and self.export.options.tables.allow_lossy else "FAIL"
 
-    def row(self) -> dict[str, object]:
+    def row(self) -> dict[str, Any]:
         first = self.checks[0] if self.checks else None
         logits = next((m for m in first.outputs if m.task_accuracy is not None), None) if first else None
         return {
@@ -103,7 +104,7 @@ class DemoResult:
         failed = any(v.verdict in ("FAIL", "ERROR") for v in self.variants)
         return ExitCode.PARITY_FAILED if failed else ExitCode.OK
 
-    def rows(self) -> list[dict[str, object]]:
+    def rows(self) -> list[dict[str, Any]]:
         return [variant.row() for variant in self.variants]
 
 

@@ -81,7 +81,13 @@ def missing_extra(package: str, extra: str) -> RuntimeUnavailableError:
 def check_range(flag: str, value: float | None, low: float, high: float, unit: str = "") -> None:
     """The one check of a numeric option: ``value`` (None: not given) must lie in [low, high]."""
     if value is not None and not low <= value <= high:
-        raise BadInputError(f"{flag} {value:g} is out of range; expected {low:g} to {high:g}{unit}")
+        raise BadInputError(
+            f"{flag} {_number(value)} is out of range; expected {_number(low)} to {_number(high)}{unit}"
+        )
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # :g would round 1048577 to 1.04858e+06
 
 
 def one_line(error: BaseException) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: formatting a parity report must not load numpy (parity/supervisor.py)
+    from pe_export.bench import BenchResult
+    from pe_export.demo import DemoResult
     from pe_export.inspection.summary import ModelSummary
     from pe_export.parity.result import OutputMetrics, ParityReport
+    from pe_export.tables.pipeline import TableResult
 
 TOP_OPS_SHOWN = 12
 
@@ -103,7 +106,7 @@ def format_parity_report(report: ParityReport) -> list[str]:
     return lines
 
 
-def format_tables(results: list[Any]) -> list[str]:
+def format_tables(results: list[TableResult]) -> list[str]:
     """The per-table block of an export report (and of --list-tables)."""
     if not results:
         return ["  position tables: none found"]
@@ -130,7 +133,7 @@ def format_tables(results: list[Any]) -> list[str]:
     return lines
 
 
-def format_demo(result: Any) -> list[str]:
+def format_demo(result: DemoResult) -> list[str]:
     """The demo's one summary table."""
 
     def number(value: Any, spec: str) -> str:
@@ -161,7 +164,7 @@ def format_demo(result: Any) -> list[str]:
     return lines
 
 
-def format_bench(result: Any) -> list[str]:
+def format_bench(result: BenchResult) -> list[str]:
     lat = result.latency_ms
     return [
         f"bench: {result.model} ({result.file_bytes:,} B) on {result.runtime}, batch {result.batch}, "

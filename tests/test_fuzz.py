@@ -39,8 +39,8 @@ ALLOWED = {int(code) for code in ExitCode} - {int(ExitCode.INTERNAL_ERROR)}
 
 
 @pytest.fixture(scope="module")
-def seeds(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("fuzz-seeds")
+def corpus(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("fuzz-corpus")
     paths = {target: exported_file("encoder_dynamic", target) for target in ("tflite", "onnx")}
     paths.update({"bundle": out / "golden", "work": out / "work"})
     make_golden(saved_model("encoder_dynamic"), paths["bundle"], GoldenOptions(samples=4, batch=2))
@@ -72,6 +72,9 @@ def run_case(work: Path, *args: str | Path) -> int:
         MESSAGES.add(re.sub(r"[0-9]+|/\S+|'[^']*'", "#", lines[0])[:90])
     stray = [p for p in work.rglob("*") if p.name.endswith(".tmp") or p.name.endswith(".old")]
     FIGURES["partial_files"] += len(stray)
+    # Every example on its own: an allowed exit code (a one-line error, never a traceback) and no partial file.
+    assert code in ALLOWED, (args, CRASHES[-1:])
+    assert not stray, (args, stray)
     return code
 
 
@@ -86,26 +89,28 @@ FLIPS = st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), min_si
 CUTS = st.one_of(st.none(), st.integers(0, 200_000))
 
 
-def fuzz_model_file(seeds: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None, run: int) -> None:
+def fuzz_model_file(
+    corpus: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None, run: int
+) -> None:
     """Inspect a mutated exported file; now and then also run it, in the runtime's child process."""
-    path = seeds["work"] / f"fuzz.{kind}"
-    path.write_bytes(mutate(seeds[kind].read_bytes(), flips, cut))
-    run_case(seeds["work"], "inspect", path)
+    path = corpus["work"] / f"fuzz.{kind}"
+    path.write_bytes(mutate(corpus[kind].read_bytes(), flips, cut))
+    run_case(corpus["work"], "inspect", path)
     if run == 0:
         FIGURES["child_runs"] += 1
-        run_case(seeds["work"], "parity", path, seeds["bundle"], "--timeout", "30")
+        run_case(corpus["work"], "parity", path, corpus["bundle"], "--timeout", "30")
 
 
 @settings(max_examples=450, **SETTINGS)
 @given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
-def test_fuzz_tflite(seeds, flips, cut, run) -> None:
-    fuzz_model_file(seeds, "tflite", flips, cut, run)
+def test_fuzz_tflite(corpus, flips, cut, run) -> None:
+    fuzz_model_file(corpus, "tflite", flips, cut, run)
 
 
 @settings(max_examples=300, **SETTINGS)
 @given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
-def test_fuzz_onnx(seeds, flips, cut, run) -> None:
-    fuzz_model_file(seeds, "onnx", flips, cut, run)
+def test_fuzz_onnx(corpus, flips, cut, run) -> None:
+    fuzz_model_file(corpus, "onnx", flips, cut, run)
 
 
 JSON_VALUES = st.recursive(
@@ -139,14 +144,14 @@ MANIFEST_PATHS = [
     value=JSON_VALUES,
     flips=FLIPS,
     reseal=st.booleans(),
-    target=st.sampled_from(["manifest", "batch"]),
+    corrupt=st.sampled_from(["manifest", "batch"]),
 )
-def test_fuzz_bundle(seeds, where, value, flips, reseal, target) -> None:
-    bundle = seeds["work"] / "bundle"
+def test_fuzz_bundle(corpus, where, value, flips, reseal, corrupt) -> None:
+    bundle = corpus["work"] / "bundle"
     shutil.rmtree(bundle, ignore_errors=True)
-    shutil.copytree(seeds["bundle"], bundle)
+    shutil.copytree(corpus["bundle"], bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
-    if target == "manifest":
+    if corrupt == "manifest":
         node = manifest
         for key in where[:-1]:
             node = node[key]
@@ -157,7 +162,7 @@ def test_fuzz_bundle(seeds, where, value, flips, reseal, target) -> None:
         if reseal:  # keep the checksum right, so that the arrays themselves are parsed
             manifest["batches"][0]["sha256"] = file_sha256(batch)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    run_case(seeds["work"], "parity", seeds["onnx"], bundle, "--no-isolate")
+    run_case(corpus["work"], "parity", corpus["onnx"], bundle, "--no-isolate")
 
 
 ID_VALUES = st.one_of(st.integers(-3, 20), st.integers(-(2**31), 2**31 - 1))
@@ -172,21 +177,21 @@ INPUT_NAMES = st.sampled_from([("token_ids",), ("token_ids",), ("token_ids", "ex
     values=st.lists(ID_VALUES, min_size=1, max_size=8),
     seq_len=st.one_of(st.none(), st.integers(-2, 200)),
 )
-def test_fuzz_golden_inputs(seeds, saved_model, names, dtype, shape, values, seq_len) -> None:
+def test_fuzz_golden_inputs(corpus, saved_model, names, dtype, shape, values, seq_len) -> None:
     """User data for `golden --inputs`: every outcome a documented one-line error or a bundle, no exit 6."""
     import numpy as np
 
     size = int(np.prod(shape)) if shape else 1
     array = np.resize(np.array(values, dtype=np.int64), size).reshape(shape).astype(dtype)
-    inputs = seeds["work"] / "inputs.npz"
+    inputs = corpus["work"] / "inputs.npz"
     np.savez(inputs, **{name: array for name in names})
     extra = ["--seq-len", str(seq_len)] if seq_len is not None else []
     code = run_case(
-        seeds["work"],
+        corpus["work"],
         "golden",
         saved_model("encoder_dynamic"),
         "-o",
-        seeds["work"] / "g",
+        corpus["work"] / "g",
         "--inputs",
         inputs,
         "--overwrite",
@@ -241,24 +246,24 @@ PATH_KINDS = [
     command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
     overwrite=st.booleans(),
 )
-def test_fuzz_output_paths(seeds, saved_model, kind, command, overwrite) -> None:
+def test_fuzz_output_paths(corpus, saved_model, kind, command, overwrite) -> None:
     """Every output path goes through the same checks: a documented code, one line, nothing of the user's
     replaced without --overwrite, no partial file."""
     suffix = {"parity-json": ".json", "bench": ".json", "parity-plot": ".png", "export": ".onnx"}[command]
-    path = output_path(seeds["work"], kind, suffix)
-    mine = (seeds["work"] / "paths" / f"old{suffix}").read_bytes()
+    path = output_path(corpus["work"], kind, suffix)
+    mine = (corpus["work"] / "paths" / f"old{suffix}").read_bytes()
     flag = ["--overwrite"] if overwrite else []
     args = {
-        "parity-json": ["parity", seeds["onnx"], seeds["bundle"], "--no-isolate", "--json", path, *flag],
-        "parity-plot": ["parity", seeds["onnx"], seeds["bundle"], "--no-isolate", "--plot", path, *flag],
-        "bench": ["bench", seeds["onnx"], "--runs", "2", "--warmup", "0", "--json", path, *flag],
+        "parity-json": ["parity", corpus["onnx"], corpus["bundle"], "--no-isolate", "--json", path, *flag],
+        "parity-plot": ["parity", corpus["onnx"], corpus["bundle"], "--no-isolate", "--plot", path, *flag],
+        "bench": ["bench", corpus["onnx"], "--runs", "2", "--warmup", "0", "--json", path, *flag],
         "export": ["onnx", saved_model("encoder_dynamic"), "-o", path, "--no-verify", *flag],
     }[command]
-    code = run_case(seeds["work"], *args)
+    code = run_case(corpus["work"], *args)
     assert code in ALLOWED, CRASHES[-1:]
     if not overwrite:  # the user's file, reached directly or through a link, is never replaced
-        assert (seeds["work"] / "paths" / f"old{suffix}").read_bytes() == mine
-    stray = [p.name for p in (seeds["work"] / "paths").iterdir() if ".partial" in p.name or p.suffix == ".tmp"]
+        assert (corpus["work"] / "paths" / f"old{suffix}").read_bytes() == mine
+    stray = [p.name for p in (corpus["work"] / "paths").iterdir() if ".partial" in p.name or p.suffix == ".tmp"]
     assert stray == []
 
 
