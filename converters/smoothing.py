@@ -39,7 +39,7 @@ def choose_scales(
 ) -> tuple[dict[str, np.ndarray], Smoothing]:
     """For each activation tensor (its captured rows [n, inputs], the joined weights [inputs, outputs] of
     the ops that read it), the scale s of the best α; only tensors where α > 0 won are returned."""
-    before = after = reference = 0.0
+    before = after = energy = 0.0
     chosen: dict[str, np.ndarray] = {}
     for tensor, (rows, weight) in groups.items():
         exact = [r @ weight for r in rows]
@@ -54,10 +54,10 @@ def choose_scales(
             if error < best_error:
                 best_error, best_alpha, best_scale = error, alpha, scale
         after += best_error
-        reference += sum(float(np.square(e).sum()) for e in exact)
+        energy += sum(float(np.square(e).sum()) for e in exact)
         if best_alpha > 0.0 and best_scale is not None:
             chosen[tensor] = best_scale
-    total = max(reference, 1e-30)
+    total = max(energy, 1e-30)
     return chosen, Smoothing(what, len(groups), len(chosen), before / total, after / total)
 
 

@@ -14,8 +14,8 @@ from pe_export.native import import_tensorflow
 DT_FLOAT, DT_INT32, DT_INT64, DT_HALF = 1, 3, 9, 19
 
 
-def node_name(reference: str) -> str:
-    return reference.split(":")[0].lstrip("^")
+def node_name(tensor: str) -> str:
+    return tensor.split(":")[0].lstrip("^")
 
 
 def const_value(node: Any) -> np.ndarray:
@@ -43,8 +43,8 @@ class GraphIndex:
         self.nodes = {node.name: node for node in graph_def.node}
         self.consumers = consumers_of(graph_def)
 
-    def source(self, reference: str) -> Any:
-        return self.nodes.get(node_name(reference))
+    def source(self, tensor: str) -> Any:
+        return self.nodes.get(node_name(tensor))
 
     @cached_property
     def _graph(self) -> Any:
@@ -53,9 +53,9 @@ class GraphIndex:
             tf.compat.v1.import_graph_def(self.graph_def, name="")
         return graph
 
-    def shape(self, reference: str) -> list[int | None] | None:
+    def shape(self, tensor: str) -> list[int | None] | None:
         """The static shape of a tensor (None where unknown)."""
-        name = reference if ":" in reference else reference + ":0"
+        name = tensor if ":" in tensor else tensor + ":0"
         try:
             shape = self._graph.get_tensor_by_name(name.lstrip("^")).shape
         except (KeyError, ValueError):
@@ -72,8 +72,8 @@ class GraphIndex:
                 result.add(node.name)
         return result
 
-    def const_value(self, reference: str) -> np.ndarray | None:
-        node = self.source(reference)
+    def const_value(self, tensor: str) -> np.ndarray | None:
+        node = self.source(tensor)
         while node is not None and node.op == "Identity":
             node = self.source(node.input[0])
         if node is None or node.op != "Const":
@@ -95,8 +95,8 @@ def _topological(graph_def: Any, nodes: dict[str, Any]) -> list[Any]:
                 order.append(node)
                 continue
             stack.append((node, True))
-            for reference in node.input:
-                source = nodes.get(node_name(reference))
+            for tensor in node.input:
+                source = nodes.get(node_name(tensor))
                 if source is not None and source.name not in done:
                     stack.append((source, False))
     return order

@@ -79,7 +79,7 @@ class Table:
 
     def byte_vector_length(self, index: int) -> int:
         start, length = self.vector_length(index)
-        _slice(self.data, start, length)
+        _check_range(self.data, start, length)  # checked, not copied: a weight buffer can be most of the file
         return length
 
 
@@ -96,6 +96,10 @@ def _unpack(data: bytes, fmt: str, position: int) -> tuple:
 
 
 def _slice(data: bytes, position: int, size: int) -> bytes:
+    _check_range(data, position, size)
+    return data[position : position + size]
+
+
+def _check_range(data: bytes, position: int, size: int) -> None:
     if position < 0 or size < 0 or position + size > len(data):
         raise CorruptFileError(f"read of {size} bytes at byte {position} is outside the {len(data)}-byte file")
-    return data[position : position + size]

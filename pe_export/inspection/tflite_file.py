@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import mmap
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.flatbuffer import CorruptFileError, Table, root_table
@@ -62,7 +64,11 @@ def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
     return TensorSpec(name, dtype, tuple(None if d < 0 else int(d) for d in shape))
 
 
-def _metadata(model: Table, buffers: list[Table], sizes: list[int]) -> tuple[dict[str, str], set[int]]:
+def _buffer_size(buffer: Table) -> int:
+    return buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q"))
+
+
+def _metadata(model: Table, buffers: list[Table]) -> tuple[dict[str, str], set[int]]:
     """The metadata entries (name → text; large ones by size only) and the buffers they occupy."""
     metadata, used = {}, set()
     for entry in model.tables(MODEL_METADATA):
@@ -70,12 +76,37 @@ def _metadata(model: Table, buffers: list[Table], sizes: list[int]) -> tuple[dic
         if index >= len(buffers):
             raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
         used.add(index)
+        size = _buffer_size(buffers[index])
         metadata[entry.string(METADATA_NAME)] = (
             buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
-            if sizes[index] <= MAX_METADATA_BYTES
-            else f"<{sizes[index]} bytes>"
+            if size <= MAX_METADATA_BYTES
+            else f"<{size} bytes>"
         )
     return metadata, used
+
+
+def tflite_metadata(path: Path) -> dict[str, str]:
+    """The metadata entries alone (pe-export's stamps among them), read from the mapped file: a parity
+    check needs nothing else, and a whole summary walks every tensor and operator."""
+    try:
+        if path.stat().st_size < 8:
+            _check_identifier(b"", path)  # too short to hold one, and an empty file cannot be mapped
+        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            data = cast(bytes, mapped)  # read through the same bounds-checked primitives as bytes
+            _check_identifier(data, path)
+            model = root_table(data)
+            return _metadata(model, model.tables(MODEL_BUFFERS))[0]
+    except CorruptFileError as err:
+        raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
+    except OSError as err:
+        raise BadInputError(f"{path} cannot be read ({err.strerror})") from err
+
+
+def _check_identifier(data: bytes, path: Path) -> None:
+    if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
+        raise BadInputError(
+            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a TFLite converter flatbuffer"
+        )
 
 
 def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInfo:
@@ -96,19 +127,14 @@ def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInf
 
 
 def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
-    if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
-        raise BadInputError(
-            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a TFLite converter flatbuffer"
-        )
+    _check_identifier(data, path)
     try:
         model = root_table(data)
         names = op_names(model)
         subgraphs = model.tables(MODEL_SUBGRAPHS)
         buffers = model.tables(MODEL_BUFFERS)
-        buffer_sizes = [
-            buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q")) for buffer in buffers
-        ]
-        metadata, metadata_buffers = _metadata(model, buffers, buffer_sizes)
+        buffer_sizes = [_buffer_size(buffer) for buffer in buffers]
+        metadata, metadata_buffers = _metadata(model, buffers)
         op_counts: Counter[str] = Counter()
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.errors import BadInputError
-from pe_export.inspection import inspect_path
 from pe_export.inspection.onnx_metadata import onnx_metadata
+from pe_export.inspection.tflite_file import tflite_metadata
 from pe_export.parity.bundle import Bundle, load_bundle
 from pe_export.parity.compare import compare_batches
 from pe_export.parity.result import ParityOptions, ParityReport
@@ -71,15 +71,15 @@ def run_check(
 
 
 def _stamps(model: Path) -> dict[str, str]:
-    """The metadata pe-export stamped in the file. ONNX is read without the onnx package (its import and a
-    parsed copy of the weights would double the checking process), TFLite from its flatbuffer."""
+    """The metadata pe-export stamped in the file, and nothing else: ONNX without the onnx package (its import
+    and a parsed copy of the weights would double the checking process), TFLite from the mapped flatbuffer."""
     if not model.is_file():
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
     if not runners_for_file(model):
         raise BadInputError(f"{model} is neither .tflite nor .onnx; parity checks exported files")
     if model.suffix.lower() == ".onnx":
         return onnx_metadata(model)
-    return inspect_path(model).metadata
+    return tflite_metadata(model)
 
 
 def _check_digest(stamped: str | None, bundle: Bundle, ignore: bool, model: Path) -> str:

@@ -1,7 +1,7 @@
 """A parity check in a child process, so that a runtime that crashes or hangs is reported, not fatal.
 
 The child (``python -m pe_export.parity.supervisor REQUEST``) runs the whole check in-process
-(pe_export/parity/harness.py) and answers over its stdout with length-prefixed frames: a heartbeat when
+(pe_export/parity/inprocess.py) and answers over its stdout with length-prefixed frames: a heartbeat when
 the runtime has loaded the model and after every batch, then the report as JSON, or an error (message
 and exit code). This process times each heartbeat against ``timeout_s`` and turns a crash, a hang or
 an error into one line; it never imports numpy or a runtime, so checking costs little more than the

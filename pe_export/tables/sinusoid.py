@@ -104,7 +104,7 @@ def standard_frequencies(width: int, base: float = 10000.0) -> np.ndarray:
 
 
 def sinusoid_table(length: int, width: int, base: float = 10000.0, layout: str = "interleaved") -> np.ndarray:
-    """A reference table in float64: interleaved (sin, cos, …) or halves (sin… ‖ cos…)."""
+    """An exact table in float64: interleaved (sin, cos, …) or halves (sin… ‖ cos…)."""
     rates = standard_frequencies(width, base)
     angles = np.arange(length, dtype=np.float64)[:, None] * rates[None, :]
     if layout == "interleaved":

@@ -113,7 +113,7 @@ def _constant_index(value: np.ndarray | None) -> tuple[str, str] | None:
     return None
 
 
-def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
+def index_origin(graph: GraphIndex, tensor: str) -> tuple[str, str]:
     """Where gather indices come from: ("input", name), ("range", how), ("distance", how) or ("other", op).
 
     Walks back through index arithmetic; a graph input wins over a range (token ids offset by a
@@ -121,8 +121,8 @@ def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
     """
     found: dict[str, str] = {}
 
-    def walk(reference: str, depth: int) -> str | None:
-        node = graph.source(reference)
+    def walk(tensor: str, depth: int) -> str | None:
+        node = graph.source(tensor)
         if node is None or depth > _MAX_DEPTH or node.name.endswith(OWN_ZEROS):
             return None  # pe-export's own run-time zero reads an input but carries no index
         if node.op in _SOURCE_OPS:
@@ -144,7 +144,7 @@ def index_origin(graph: GraphIndex, reference: str) -> tuple[str, str]:
         found.setdefault("other", node.op)
         return None
 
-    kind = walk(reference, 0)
+    kind = walk(tensor, 0)
     for key in ("input", "distance", "range"):
         if key in found and (kind == key or kind is None or key == "input"):
             return key, found[key]
