@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,3 +227,14 @@ def software_vulkan_env() -> dict[str, str]:
         name, _, value = line.removeprefix("export ").partition("=")
         env[name] = value.split("${")[0].rstrip(":")
     return env
+
+
+def onnx_model(graph: Any, *opsets: tuple[str, int]) -> Any:
+    """helper.make_model at the lowest IR version its opsets allow (default opset: ai.onnx 17): onnx's own
+    default is the newest IR, which the last onnxruntime for Python 3.10 (1.23) refuses."""
+    from onnx import helper
+
+    imports = [helper.make_opsetid(domain, version) for domain, version in opsets or (("", 17),)]
+    return helper.make_model(
+        graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports, ignore_unknown=True)
+    )

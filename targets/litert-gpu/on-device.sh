@@ -4,6 +4,8 @@
 # loader and the GPU's driver are found, then run check.sh on the carried files.
 #
 #   targets/litert-gpu/on-device.sh PREPARED_DIR RESULTS_DIR
+#
+# PYTHON (default python3) makes the venv: the Python version prepare.sh fetched wheels for.
 set -uo pipefail
 prepared=$(realpath "${1:?usage: on-device.sh PREPARED_DIR RESULTS_DIR}")
 results=$(realpath -m "${2:?usage: on-device.sh PREPARED_DIR RESULTS_DIR}")
@@ -18,7 +20,7 @@ if [ -z "${VK_ICD_FILENAMES:-}${VK_DRIVER_FILES:-}" ] && [ -f "$nvidia_icd" ]; t
   export VK_DRIVER_FILES=$nvidia_icd
 fi
 venv=$(mktemp -d)/venv
-python3 -m venv "$venv" || exit 2
+"${PYTHON:-python3}" -m venv "$venv" || exit 2
 "$venv/bin/pip" install -q --no-index --find-links "$prepared/wheels" ai-edge-litert numpy click || exit 2
 "$venv/bin/pip" install -q --no-index --no-deps "$prepared"/wheels/pe_export-*.whl || exit 2
 mkdir -p "$results"

@@ -16,7 +16,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.encoders.tiny import VOCAB
 from pe_export.errors import ExitCode
 from tests.fixtures.models import MODEL_CASES
-from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, token_feed
+from tests.helpers import litert_outputs, max_abs_error, onnx_model, onnxruntime_outputs, reference_outputs, token_feed
 
 FP32_MAX_ABS = 1e-4
 BUILTIN_CASES = [name for name, case in MODEL_CASES.items() if not case.flex_ops]
@@ -126,7 +126,7 @@ def test_onnx_that_onnxruntime_cannot_load_is_a_conversion_error() -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model = onnx_model(graph, ("", 17), ("com.example", 1))
     onnx.checker.check_model(model)
     with pytest.raises(ConversionError, match="onnxruntime cannot load"):
         check_onnxruntime_loads(model.SerializeToString())

@@ -12,6 +12,7 @@ from pe_export.api import export_onnx
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, gemms_to_matmuls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
+from tests.helpers import onnx_model
 
 
 def small_graph() -> onnx.ModelProto:
@@ -40,7 +41,7 @@ def small_graph() -> onnx.ModelProto:
         ],
         initializer=[weight, shape_only, also_read],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 def run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -94,7 +95,7 @@ def gemm_graph() -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])], outputs, initializer=inits
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 def test_gemm_by_a_constant_becomes_matmul_with_the_same_arithmetic() -> None:

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.converters.onnx_quantize import _quantize, _run
 from pe_export.converters.onnx_smooth import smooth_activations
-from tests.helpers import outlier_feeds
+from tests.helpers import onnx_model, outlier_feeds
 
 
 def outlier_model() -> onnx.ModelProto:
@@ -29,7 +29,7 @@ def outlier_model() -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])], outputs, initializer=inits
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 def feeds(seed: int) -> list[dict[str, np.ndarray]]:
@@ -69,6 +69,6 @@ def test_nothing_to_smooth_without_a_constant_matmul() -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = onnx_model(graph)
     smoothed, smoothing = smooth_activations(model, [{"x": np.ones((2, 4), np.float32)}], _run)
     assert (smoothing.tensors, smoothing.smoothed) == (0, 0) and len(smoothed.graph.node) == 1

@@ -97,15 +97,17 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
 def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
     model = saved_model("encoder_dynamic")
     default = export_tflite(model, tmp_path / "default.tflite", ExportOptions(quantize="dynamic-int8"))
-    strict = export_tflite(
-        model, tmp_path / "strict.tflite", ExportOptions(quantize="dynamic-int8", min_cosine=0.99999)
-    )
+    assert default.parity is not None and default.parity.min_cosine < 1 - 1e-7  # int8 changed the outputs
+    # A target the default misses whatever the random init (Keras 3.12 on Python 3.10 and 3.15 on 3.11 build
+    # different weights): a third of the default's distance from cosine 1.
+    target = 1 - (1 - default.parity.min_cosine) / 3
+    strict = export_tflite(model, tmp_path / "strict.tflite", ExportOptions(quantize="dynamic-int8", min_cosine=target))
     default_note = next(n for n in default.notes if n.startswith("int8:"))
     strict_note = next(n for n in strict.notes if n.startswith("int8:"))
     print(default_note, default.parity.min_cosine, "|", strict_note, strict.parity.min_cosine)
     total = int(re.search(r"(\d+) int8 weights", default_note)[1])
     assert default.exit_code == ExitCode.OK and f"all {total} int8 weights quantized" in default_note
-    assert default.parity.min_cosine < 0.99999  # what the strict target must correct
+    assert default.parity.min_cosine < target  # what the strict target must correct
     kept = re.search(rf"(\d+) of {total} int8 weights kept in float", strict_note)
     assert strict.exit_code == ExitCode.OK and kept and 1 <= int(kept[1]) <= total
-    assert strict.parity.min_cosine >= 0.99999 and default.summary.file_bytes < strict.summary.file_bytes
+    assert strict.parity.min_cosine >= target and default.summary.file_bytes < strict.summary.file_bytes

@@ -9,6 +9,7 @@ import pytest
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.onnx_metadata import onnx_metadata
+from tests.helpers import onnx_model
 
 
 def test_reads_what_onnx_reads(exported_file) -> None:
@@ -30,7 +31,7 @@ def test_unstamped_model_has_no_metadata(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )
-    onnx.save(helper.make_model(graph), str(tmp_path / "plain.onnx"))
+    onnx.save(onnx_model(graph), str(tmp_path / "plain.onnx"))
     assert onnx_metadata(tmp_path / "plain.onnx") == {}
 
 

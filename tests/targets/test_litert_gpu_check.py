@@ -34,7 +34,7 @@ def test_prepared_kit_runs_the_gpu_check_in_a_bare_venv(tmp_path: Path) -> None:
     kit = tmp_path / "kit"
     assert sorted(p.name for p in kit.glob("*.tflite")) == ["encoder.float16.tflite", "encoder.fp32.tflite"]
     assert sum(p.stat().st_size for p in kit.rglob("*") if p.is_file()) < 64 << 20  # one device call carries it
-    env = {**os.environ, **vulkan, "BENCH_RUNS": "3"}
+    env = {**os.environ, **vulkan, "BENCH_RUNS": "3", "PYTHON": sys.executable}  # the version the kit is for
     ran = subprocess.run(
         ["bash", SCRIPTS / "on-device.sh", kit, tmp_path / "results"],
         capture_output=True,
