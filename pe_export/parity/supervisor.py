@@ -1,11 +1,11 @@
 """A parity check in a child process, so that a runtime that crashes or hangs is reported, not fatal.
 
-The child (``python -m pe_export.parity.supervisor REQUEST``) runs the whole check in-process
-(pe_export/parity/inprocess.py) and answers over its stdout with length-prefixed frames: a heartbeat when
-the runtime has loaded the model and after every batch, then the report as JSON, or an error (message
-and exit code). This process times each heartbeat against ``timeout_s`` and turns a crash, a hang or
-an error into one line; it never imports numpy or a runtime, so checking costs little more than the
-runtime's own process. The child moves its own stdout to stderr first: native logs cannot corrupt the
+The child (a fork of this process where that is safe, else ``python -m pe_export.parity.supervisor REQUEST``)
+runs the whole check in-process (pe_export/parity/inprocess.py) and answers over its stdout with length-
+prefixed frames: a heartbeat when the runtime has loaded the model and after every batch, then the report as
+JSON, or an error (message and exit code). This process times each heartbeat against ``timeout_s`` and turns a
+crash, a hang or an error into one line; it never imports numpy or a runtime, so checking costs little more
+than the runtime's own process. The child moves its own stdout to stderr first: native logs cannot corrupt the
 protocol.
 """
 
@@ -19,10 +19,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from pe_export.errors import ExitCode, PeExportError, RuntimeUnavailableError
 from pe_export.interrupts import raise_if_interrupted
@@ -48,20 +49,12 @@ def _errors_by_code() -> dict[int, type[PeExportError]]:
 def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityReport:
     """Run check_parity(model, bundle, options without isolation) in a child; its report, or its error."""
     request = {"model": str(model), "bundle": str(bundle), "options": asdict(replace(options, isolate=False))}
-    python = os.environ.get(CHILD_PYTHON_ENV, "").split() or [sys.executable]
+    python = os.environ.get(CHILD_PYTHON_ENV, "").split()
     with tempfile.TemporaryFile() as stderr:
-        try:
-            process = subprocess.Popen(
-                [*python, "-m", "pe_export.parity.supervisor", json.dumps(request)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-            )
-        except OSError as err:
-            raise RuntimeUnavailableError(
-                f"could not start the parity check's child process with {' '.join(python)} ({err.strerror}); "
-                f"set {CHILD_PYTHON_ENV} to a command that starts this Python, or pass --no-isolate"
-            ) from err
+        if not python and fork_is_safe():
+            process: _Process = _Forked.start(request, stderr)
+        else:
+            process = _spawn(python or [sys.executable], request, stderr)
         watch = _Watch(process, stderr, model, options.timeout_s)
         try:
             return watch.report()
@@ -69,10 +62,98 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
             watch.close()
 
 
+# Modules that start native threads or hold locks a forked child could inherit mid-use: with any of them
+# loaded (a library caller, a test), the child is a fresh interpreter instead.
+_NOT_FORKABLE = ("numpy", "tensorflow", "onnxruntime", "onnx", "ai_edge_litert", "tflite_runtime", "torch")
+
+
+def fork_is_safe() -> bool:
+    """True in a light, single-threaded process (the `pe-export parity` command): there the child is a fork,
+    which skips a second interpreter's start and imports; it still has its own memory, so a crash stays its own."""
+    return (
+        hasattr(os, "fork") and threading.active_count() == 1 and not any(name in sys.modules for name in _NOT_FORKABLE)
+    )
+
+
+class _Process(Protocol):
+    stdout: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def _spawn(python: list[str], request: dict[str, Any], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(
+            [*python, "-m", "pe_export.parity.supervisor", json.dumps(request)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    except OSError as err:
+        raise RuntimeUnavailableError(
+            f"could not start the parity check's child process with {' '.join(python)} ({err.strerror}); "
+            f"set {CHILD_PYTHON_ENV} to a command that starts this Python, or pass --no-isolate"
+        ) from err
+
+
+class _Forked:
+    """A forked child serving one request, with the part of Popen's interface _Watch uses."""
+
+    def __init__(self, pid: int, stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdout: IO[bytes] | None = stdout
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, request: dict[str, Any], stderr: IO[bytes]) -> _Forked:
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the caller's code
+            code = 1
+            try:
+                os.close(read_end)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(stderr.fileno(), 2)
+                os.dup2(2, 1)  # anything printed to stdout goes to stderr, not into the protocol
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # the parent handles Ctrl-C and kills the child
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                with os.fdopen(write_end, "wb") as outbox:
+                    _serve(request, outbox)
+                code = 0
+            finally:
+                os._exit(code)  # no atexit handlers, no flush of buffers copied from the parent
+        os.close(write_end)
+        return cls(pid, os.fdopen(read_end, "rb", buffering=0))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+
 class _Watch:
     """Reads the child's frames with a deadline per frame; kills it on a hang or an interrupt."""
 
-    def __init__(self, process: subprocess.Popen[bytes], stderr: IO[bytes], model: Path, timeout_s: float) -> None:
+    def __init__(self, process: _Process, stderr: IO[bytes], model: Path, timeout_s: float) -> None:
         self.process, self.stderr, self.model, self.timeout_s = process, stderr, model, timeout_s
         self.doing = "loading"
 
