@@ -246,7 +246,7 @@ def gathers_at_run_time(graph_def: Any, gathers: list[str], anchor: tuple[str, s
     rename = {source.op.name: original for _, original, source in shifted.values()}
     added = [node for node in scratch.as_graph_def().node if node.name != anchor[0] and node.name not in rename]
     for node in added:
-        node.input[:] = [rename.get(i.split(":")[0], i) for i in node.input]
+        node.input[:] = [rename.get(i.split(":")[0], i) for i in node.input]  # "^name" control inputs stay
     result = type(graph_def)()
     result.CopyFrom(graph_def)
     for node in result.node:

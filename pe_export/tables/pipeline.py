@@ -284,7 +284,7 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     input_nodes, output_nodes = [node_name(n) for n in inputs], [node_name(n) for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {
-        getattr(v, "path", None) or v.name.split(":")[0]: v.numpy()
+        getattr(v, "path", None) or node_name(v.name): v.numpy()
         for v in getattr(loaded.obj, "variables", [])
         if len(v.shape) >= 2
     }
