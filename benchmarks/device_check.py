@@ -73,16 +73,22 @@ results.save(out + "/outputs.json")
 """
 
 
-def tree_peak(command: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak summed RSS of the process tree in MiB, exit code)."""
+def tree_peak(command: list[str], field: str = "VmRSS") -> tuple[float, float, int]:
+    """(wall seconds, peak summed memory of the process tree in MiB, exit code).
 
-    def rss(pid: int) -> int:
+    ``field``: VmRSS (from /proc/PID/status; a page shared by two processes counts twice, as a forked
+    child's pages inherited from its parent do) or Pss (from /proc/PID/smaps_rollup; each shared page is
+    split among its sharers, so the sum is what the tree really holds; slower to read, so timed apart).
+    """
+    source = "status" if field == "VmRSS" else "smaps_rollup"
+
+    def memory(pid: int) -> int:
         total, stack = 0, [pid]
         while stack:
             current = stack.pop()
             try:
-                status = Path(f"/proc/{current}/status").read_text()
-                total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+                text = Path(f"/proc/{current}/{source}").read_text()
+                total += next(int(line.split()[1]) for line in text.splitlines() if line.startswith(f"{field}:"))
                 stack.extend(int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split())
             except (OSError, StopIteration):
                 pass
@@ -92,7 +98,7 @@ def tree_peak(command: list[str]) -> tuple[float, float, int]:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = 0
     while process.poll() is None:
-        peak = max(peak, rss(process.pid))
+        peak = max(peak, memory(process.pid))
         time.sleep(0.002)
     return time.perf_counter() - started, peak / 1024, process.returncode
 
@@ -148,21 +154,30 @@ def main() -> None:
             "1e-4",
         ]
     figures: dict[tuple[str, str], list[tuple[float, float, int]]] = {key: [] for key in commands}
+    shared: dict[tuple[str, str], list[float]] = {key: [] for key in commands}
     for _ in range(args.runs):  # interleaved, so that drift hits every command alike
         for key, command in commands.items():
             figures[key].append(tree_peak(command))
-    print(f"checker python: {python}; 16 samples; medians of {args.runs} runs")
-    print(f"{'model':<7} {'command':<17} {'wall s':>7} {'× bare':>7} {'tree peak MiB':>13} {'× bare':>7} {'exit':>5}")
+        for key, command in commands.items():  # PSS apart: reading it slows the polling that times a run
+            shared[key].append(tree_peak(command, "Pss")[1])
+    print(f"checker python: {python}; 16 samples; medians of {args.runs} runs; memory: peak of the tree's sum")
+    print(
+        f"{'model':<7} {'command':<17} {'wall s':>7} {'× bare':>7} {'RSS MiB':>8} {'× bare':>7} {'PSS MiB':>8} "
+        f"{'× bare':>7} {'exit':>5}"
+    )
     for (kind, name), runs in figures.items():
         wall, peak = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        pss = statistics.median(shared[(kind, name)])
         bare = figures[(kind, "bare script")]
         bare_wall, bare_peak = statistics.median(r[0] for r in bare), statistics.median(r[1] for r in bare)
+        bare_pss = statistics.median(shared[(kind, "bare script")])
         codes = sorted({r[2] for r in runs})
         print(
-            f"{kind:<7} {name:<17} {wall:>7.3f} {wall / bare_wall:>6.2f}x {peak:>13.1f} {peak / bare_peak:>6.2f}x "
-            f"{','.join(map(str, codes)):>5}"
+            f"{kind:<7} {name:<17} {wall:>7.3f} {wall / bare_wall:>6.2f}x {peak:>8.1f} {peak / bare_peak:>6.2f}x "
+            f"{pss:>8.1f} {pss / bare_pss:>6.2f}x {','.join(map(str, codes)):>5}"
         )
-    print(json.dumps({f"{k}/{n}": runs for (k, n), runs in figures.items()}), file=open(work / "figures.json", "w"))
+    figures_json = {f"{k}/{n}": {"runs": runs, "pss_mib": shared[(k, n)]} for (k, n), runs in figures.items()}
+    (work / "figures.json").write_text(json.dumps(figures_json))
 
 
 if __name__ == "__main__":

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import mmap
 from collections import Counter
 from pathlib import Path
-from typing import cast
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.flatbuffer import CorruptFileError, Table, root_table
 from pe_export.inspection.runtimes import MIN_RUNTIME_KEY, tflite_verdicts
 from pe_export.inspection.summary import ConstantInfo, ModelSummary, SignatureInfo
+from pe_export.inspection.tflite_metadata import (
+    MODEL_BUFFERS,
+    buffer_size,
+    check_identifier,
+    metadata_entries,
+)
 from pe_export.inspection.tflite_schema import BUILTIN_OPERATORS, TENSOR_TYPES
 from pe_export.specs import TensorSpec
 
-FILE_IDENTIFIER = b"TFL3"
 CUSTOM_OPCODE = 32
 FLEX_PREFIX = "Flex"
 _ITEMSIZE = {
@@ -34,14 +37,11 @@ _ITEMSIZE = {
 }
 
 # Field indices from the TFLite schema (schema.fbs).
-MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_BUFFERS, MODEL_METADATA, MODEL_SIGNATURE_DEFS = 1, 2, 4, 6, 7
-METADATA_NAME, METADATA_BUFFER = 0, 1
-MAX_METADATA_BYTES = 1 << 16  # larger entries (e.g. TFLite support metadata) are listed, not read
+MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_SIGNATURE_DEFS = 1, 2, 7
 OPCODE_DEPRECATED_BUILTIN, OPCODE_CUSTOM, OPCODE_BUILTIN = 0, 1, 3
 SUBGRAPH_TENSORS, SUBGRAPH_OPERATORS = 0, 3
 TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_SHAPE_SIGNATURE = 0, 1, 2, 3, 7
 OPERATOR_OPCODE_INDEX = 0
-BUFFER_DATA, BUFFER_SIZE = 0, 2
 SIGNATURE_INPUTS, SIGNATURE_OUTPUTS, SIGNATURE_KEY, SIGNATURE_SUBGRAPH = 0, 1, 2, 4
 TENSORMAP_NAME, TENSORMAP_INDEX = 0, 1
 
@@ -64,51 +64,6 @@ def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
     return TensorSpec(name, dtype, tuple(None if d < 0 else int(d) for d in shape))
 
 
-def _buffer_size(buffer: Table) -> int:
-    return buffer.byte_vector_length(BUFFER_DATA) or int(buffer.scalar(BUFFER_SIZE, "Q"))
-
-
-def _metadata(model: Table, buffers: list[Table]) -> tuple[dict[str, str], set[int]]:
-    """The metadata entries (name → text; large ones by size only) and the buffers they occupy."""
-    metadata, used = {}, set()
-    for entry in model.tables(MODEL_METADATA):
-        index = int(entry.scalar(METADATA_BUFFER, "I"))
-        if index >= len(buffers):
-            raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
-        used.add(index)
-        size = _buffer_size(buffers[index])
-        metadata[entry.string(METADATA_NAME)] = (
-            buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
-            if size <= MAX_METADATA_BYTES
-            else f"<{size} bytes>"
-        )
-    return metadata, used
-
-
-def tflite_metadata(path: Path) -> dict[str, str]:
-    """The metadata entries alone (pe-export's stamps among them), read from the mapped file: a parity
-    check needs nothing else, and a whole summary walks every tensor and operator."""
-    try:
-        if path.stat().st_size < 8:
-            _check_identifier(b"", path)  # too short to hold one, and an empty file cannot be mapped
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            data = cast(bytes, mapped)  # read through the same bounds-checked primitives as bytes
-            _check_identifier(data, path)
-            model = root_table(data)
-            return _metadata(model, model.tables(MODEL_BUFFERS))[0]
-    except CorruptFileError as err:
-        raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
-    except OSError as err:
-        raise BadInputError(f"{path} cannot be read ({err.strerror})") from err
-
-
-def _check_identifier(data: bytes, path: Path) -> None:
-    if len(data) < 8 or data[4:8] != FILE_IDENTIFIER:
-        raise BadInputError(
-            f"{path} is not a TFLite file (no 'TFL3' identifier); expected a TFLite converter flatbuffer"
-        )
-
-
 def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInfo:
     subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
     if subgraph_index >= len(all_tensors):
@@ -127,14 +82,14 @@ def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInf
 
 
 def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
-    _check_identifier(data, path)
+    check_identifier(data, path)
     try:
         model = root_table(data)
         names = op_names(model)
         subgraphs = model.tables(MODEL_SUBGRAPHS)
         buffers = model.tables(MODEL_BUFFERS)
-        buffer_sizes = [_buffer_size(buffer) for buffer in buffers]
-        metadata, metadata_buffers = _metadata(model, buffers)
+        buffer_sizes = [buffer_size(buffer) for buffer in buffers]
+        metadata, metadata_buffers = metadata_entries(model, buffers)
         op_counts: Counter[str] = Counter()
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []

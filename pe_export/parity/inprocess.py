@@ -10,7 +10,7 @@ from typing import Any
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.onnx_metadata import onnx_metadata
-from pe_export.inspection.tflite_file import tflite_metadata
+from pe_export.inspection.tflite_metadata import tflite_metadata
 from pe_export.parity.bundle import Bundle, load_bundle
 from pe_export.parity.compare import compare_batches
 from pe_export.parity.result import ParityOptions, ParityReport

@@ -141,6 +141,8 @@ class _Forked:
             os.kill(self.pid, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
+        if timeout is None and self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
