@@ -15,6 +15,7 @@ from pe_export.converters.graph_rewrites import (
     SLICE_FLEX_OP,
     int64_ops_through_int32,
     new_axis_slices_to_expand_dims,
+    prefix_slices_to_slice,
 )
 from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.options import ExportOptions
@@ -78,8 +79,9 @@ def _convert_with_rewrites(
     """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
     loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
+    fast, fast_notes = _speed_rewrites(source.graph()[0])
     try:
-        data, log = convert(allow_flex=not options.builtins_only)
+        data, log = convert(allow_flex=not options.builtins_only, graph=fast)
         first_error: ConversionError | None = None
     except ConversionError as err:
         if not options.builtins_only:
@@ -87,7 +89,7 @@ def _convert_with_rewrites(
         data, log, first_error = None, "", err
     flex = None if data is None else set(summarize_tflite_bytes(data, loaded.path).flex_ops)
     if data is None or (flex is not None and flex & REWRITABLE_FLEX_OPS):
-        graph, notes = _builtin_rewrites(source.graph()[0])
+        graph, notes = _builtin_rewrites(source.graph()[0] if fast is None else fast)
         if notes:
             try:
                 retried, retried_log = convert(allow_flex=not options.builtins_only, graph=graph)
@@ -96,9 +98,9 @@ def _convert_with_rewrites(
             if retried is not None:
                 left = set(summarize_tflite_bytes(retried, loaded.path).flex_ops)
                 if data is None or len(left) < len(flex or ()):
-                    return retried, retried_log, notes, graph
+                    return retried, retried_log, [*fast_notes, *notes], graph
     if data is not None:
-        return data, log, [], None
+        return data, log, fast_notes, fast
     assert first_error is not None
     # --builtins-only: say which ops would need Flex, from a conversion with select TF ops allowed.
     try:
@@ -115,6 +117,17 @@ def _convert_with_rewrites(
 
 
 REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
+
+
+def _speed_rewrites(graph_def: Any) -> tuple[Any | None, list[str]]:
+    """Rewrites for faster kernels: (the rewritten GraphDef, its notes), or (None, []) when none applies."""
+    graph_def, count = prefix_slices_to_slice(graph_def)
+    if not count:
+        return None, []
+    return graph_def, [
+        f"{count} prefix slice(s) of a constant (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE "
+        "kernel copies element by element (20x slower on a large table)"
+    ]
 
 
 def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:

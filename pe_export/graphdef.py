@@ -11,7 +11,7 @@ import numpy as np
 from pe_export.native import import_tensorflow
 
 # tensorflow.DataType enum values, for attributes read or written without importing TensorFlow's dtypes.
-DT_FLOAT, DT_INT32, DT_INT64, DT_HALF = 1, 3, 9, 19
+DT_FLOAT, DT_INT32, DT_INT64, DT_BOOL, DT_HALF = 1, 3, 9, 10, 19
 
 
 def node_name(tensor: str) -> str:

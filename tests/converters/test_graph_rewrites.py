@@ -1,4 +1,5 @@
-"""Axis-inserting StridedSlice → ExpandDims: same values in TensorFlow, builtin ops in TFLite."""
+"""StridedSlice rewrites for TFLite: axis-inserting ones → ExpandDims (builtin ops), prefix slices of a constant →
+Slice (a fast kernel); the same values in TensorFlow either way."""
 
 from __future__ import annotations
 
@@ -71,8 +72,65 @@ def test_sliced_attention_mask_exports_builtin_only(builtins_only: bool, saved_m
         saved_model("encoder_sliced_mask"), tmp_path / "m.tflite", ExportOptions(builtins_only=builtins_only)
     )
     assert report.exit_code == ExitCode.OK and report.summary.flex_ops == []
-    assert report.notes == [
+    assert report.notes == [  # its position table read as table[None, :T] is the second rewrite's
+        "1 prefix slice(s) of a constant (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE kernel copies "
+        "element by element (20x slower on a large table)",
         "1 axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as ExpandDims: "
-        "without it they needed FlexStridedSlice"
+        "without it they needed FlexStridedSlice",
     ]
     assert report.parity is not None and report.parity.passed and report.parity.max_abs < 1e-4
+
+
+def _table() -> Any:
+    import tensorflow as tf
+
+    return tf.constant(np.arange(64 * 4, dtype=np.float32).reshape(64, 4))
+
+
+# (spelling, function of x [batch, time, 4] adding rows of a 64x4 constant table, slices it rewrites)
+TABLE_SLICES: list[tuple[str, Callable[[Any], Any], int]] = [
+    ("table[:T]", lambda x: x + _table()[: _length(x)], 1),
+    ("table[None, :T]", lambda x: x + _table()[None, : _length(x)], 1),
+    ("table[0:T, :]", lambda x: x + _table()[0 : _length(x), :], 1),
+    ("table[:T][None]", lambda x: x + _table()[: _length(x)][None], 1),
+    # Not a prefix of a constant, or an end that may be negative: StridedSlice's own semantics stay.
+    ("table[1:T + 1]", lambda x: x + _table()[1 : _length(x) + 1], 0),
+    ("table[:2 * T:2]", lambda x: x + _table()[: 2 * _length(x) : 2], 0),
+    ("table[64 - T:]", lambda x: x + _table()[64 - _length(x) :], 0),
+    ("x[:, :T]", lambda x: x[:, : _length(x)] * 2.0, 0),
+]
+
+
+def _length(x: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.shape(x)[1]
+
+
+@pytest.mark.parametrize(("spelling", "function", "expected"), TABLE_SLICES, ids=[s[0] for s in TABLE_SLICES])
+def test_prefix_slice_of_a_constant_becomes_slice(spelling: str, function: Callable[[Any], Any], expected: int) -> None:
+    from pe_export.converters.graph_rewrites import prefix_slices_to_slice
+
+    graph_def, feed, fetch = frozen_graph(function)
+    rewritten, count = prefix_slices_to_slice(graph_def)
+    assert count == expected, spelling
+    assert [node.op for node in rewritten.node].count("Slice") == count
+    for length in (1, 5, 32):
+        value = np.random.default_rng(length).normal(size=(3, length, 4)).astype(np.float32)
+        before, after = run_graph(graph_def, feed, fetch, value), run_graph(rewritten, feed, fetch, value)
+        assert before.shape == after.shape and np.array_equal(before, after), (spelling, length)
+
+
+def test_a_dynamic_length_table_exports_as_slice(tmp_path: Path) -> None:
+    from pe_export.encoders.variants import sinusoid_constant
+    from pe_export.inspection import inspect_path
+    from pe_export.native import import_tensorflow
+
+    import_tensorflow()
+    sinusoid_constant(None, length=512, width=64, head=False).export(str(tmp_path / "sm"), verbose=False)
+    report = export_tflite(tmp_path / "sm", tmp_path / "m.tflite", ExportOptions())
+    assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
+    assert report.parity.positions == 512 and report.parity.max_abs < 1e-5  # every row of the table checked
+    assert any(note.startswith("1 prefix slice(s) of a constant") for note in report.notes), report.notes
+    ops = inspect_path(tmp_path / "m.tflite").op_counts
+    assert ops["SLICE"] == 1 and ops["STRIDED_SLICE"] <= 1  # left: the length read from the input's shape
