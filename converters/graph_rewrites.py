@@ -13,7 +13,7 @@ STRIDED_SLICE kernel copies it element by element: 0.61 ms for 512 rows of an 81
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,17 +101,20 @@ class _PrefixPlan:
     ends: np.ndarray | None  # the ends when constant; None: read at run time from the slice's end input
 
 
-def prefix_slices_to_slice(graph_def: Any) -> tuple[Any, int]:
-    """A copy of ``graph_def`` where every prefix StridedSlice of a constant is a Slice; (graph, count).
+def prefix_slices_to_slice(graph_def: Any, rebuilt: Collection[str] = ()) -> tuple[Any, int]:
+    """A copy of ``graph_def`` where every prefix StridedSlice of a table is a Slice; (graph, count).
 
-    Only where the two agree on every input the model can run: the sliced tensor is a constant (a table),
-    every index starts at 0 with stride 1 or inserts an axis (``table[None, :T]``), none is removed or
-    skipped, and each end is a constant within the table or a length read from a tensor's shape at run
-    time (never negative). An end past the table, which StridedSlice clamps, is an error in such a model
-    either way: the rows it adds the table to are longer than the table.
+    A table is a constant, or a node in ``rebuilt`` (the table pipeline's run-time rebuild of one, a
+    Reshape, whose rows the sequence length bounds). Only where the two ops agree on every input the
+    model can run: every index starts at 0 with stride 1 or inserts an axis (``table[None, :T]``), none
+    is removed or skipped, and each end is a constant within the table or a length read from a tensor's
+    shape at run time (never negative). An end past the table, which StridedSlice clamps, is an error in
+    such a model either way: the rows it adds the table to are longer than the table.
     """
     nodes = {node.name: node for node in graph_def.node}
-    plans = {node.name: plan for node in graph_def.node if (plan := _prefix_plan(node, nodes)) is not None}
+    plans = {
+        node.name: plan for node in graph_def.node if (plan := _prefix_plan(node, nodes, set(rebuilt))) is not None
+    }
     if not plans:
         return graph_def, 0
 
@@ -120,11 +123,19 @@ def prefix_slices_to_slice(graph_def: Any) -> tuple[Any, int]:
         index_type = node.attr["Index"].type
         dtype = np.int64 if index_type == DT_INT64 else np.int32
         source = node.input[0]
-        if plan.new_axes:  # the inserted axes folded into a copy of the constant: Slice cannot insert them
+        if plan.new_axes and plan.table.op == "Const":  # folded into a copy: Slice cannot insert axes
             value = np.asarray(const_value(plan.table))
             for axis in plan.new_axes:
                 value = np.expand_dims(value, axis)
             source = _const(rewritten.node.add(), f"{node.name}/table", value, plan.table.attr["dtype"].type).name
+        for step, axis in enumerate(plan.new_axes if plan.table.op != "Const" else ()):
+            axis_node = _const(rewritten.node.add(), f"{node.name}/axis_{step}", np.array(axis, np.int32), DT_INT32)
+            expand = rewritten.node.add()
+            expand.name, expand.op = f"{node.name}/expand_{step}", "ExpandDims"
+            expand.input.extend([source, axis_node.name])
+            expand.attr["T"].CopyFrom(node.attr["T"])
+            expand.attr["Tdim"].type = DT_INT32
+            source = expand.name
         begin = _const(rewritten.node.add(), f"{node.name}/begin", np.zeros(plan.rank, dtype), index_type)
         rest = plan.rank - len(plan.whole)  # axes after the last index: whole
         if plan.ends is not None:
@@ -204,7 +215,17 @@ def _never_negative(reference: str, nodes: dict[str, Any], depth: int = 0) -> bo
     return False
 
 
-def _prefix_plan(node: Any, nodes: dict[str, Any]) -> _PrefixPlan | None:
+def _table_dims(table: Any, nodes: dict[str, Any], rebuilt: set[str]) -> list[int] | None:
+    """A table's dimensions (-1 where the sequence length sets them), or None when it is no table."""
+    if table.op == "Const":
+        return [d.size for d in table.attr["value"].tensor.tensor_shape.dim]
+    if table.name in rebuilt and table.op == "Reshape":
+        shape = _static_vector(table.input[1], nodes)
+        return None if shape is None else [int(d) for d in shape]
+    return None
+
+
+def _prefix_plan(node: Any, nodes: dict[str, Any], rebuilt: set[str]) -> _PrefixPlan | None:
     if node.op != "StridedSlice" or len(node.input) != 4 or any(name.startswith("^") for name in node.input):
         return None
     if node.attr["ellipsis_mask"].i or node.attr["shrink_axis_mask"].i:
@@ -213,14 +234,15 @@ def _prefix_plan(node: Any, nodes: dict[str, Any]) -> _PrefixPlan | None:
     while table is not None and table.op == "Identity":  # a frozen variable read
         table = nodes.get(node_name(table.input[0]))
     begin, strides = _static_vector(node.input[1], nodes), _static_vector(node.input[3], nodes)
-    if table is None or table.op != "Const" or begin is None or strides is None or len(begin) != len(strides):
+    table_dims = None if table is None else _table_dims(table, nodes, rebuilt)
+    if table_dims is None or begin is None or strides is None or len(begin) != len(strides):
         return None
     masks = {key: node.attr[key].i for key in ("begin_mask", "end_mask", "new_axis_mask")}
     new = [bool(masks["new_axis_mask"] & (1 << i)) for i in range(len(begin))]
     for i in range(len(begin)):
         if not new[i] and (strides[i] != 1 or (begin[i] != 0 and not masks["begin_mask"] & (1 << i))):
             return None
-    dims = [d.size for d in table.attr["value"].tensor.tensor_shape.dim]
+    dims = list(table_dims)
     for axis in (i for i in range(len(begin)) if new[i]):
         dims.insert(axis, 1)
     if len(begin) > len(dims):

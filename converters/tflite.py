@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 from functools import cached_property, partial
 from typing import Any
@@ -79,7 +79,7 @@ def _convert_with_rewrites(
     """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
     loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
-    fast, fast_notes = _speed_rewrites(source.graph()[0])
+    fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables)
     try:
         data, log = convert(allow_flex=not options.builtins_only, graph=fast)
         first_error: ConversionError | None = None
@@ -119,13 +119,13 @@ def _convert_with_rewrites(
 REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
 
 
-def _speed_rewrites(graph_def: Any) -> tuple[Any | None, list[str]]:
+def _speed_rewrites(graph_def: Any, rebuilt: Collection[str]) -> tuple[Any | None, list[str]]:
     """Rewrites for faster kernels: (the rewritten GraphDef, its notes), or (None, []) when none applies."""
-    graph_def, count = prefix_slices_to_slice(graph_def)
+    graph_def, count = prefix_slices_to_slice(graph_def, rebuilt)
     if not count:
         return None, []
     return graph_def, [
-        f"{count} prefix slice(s) of a constant (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE "
+        f"{count} prefix slice(s) of a table (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE "
         "kernel copies element by element (20x slower on a large table)"
     ]
 
@@ -159,6 +159,13 @@ class _GraphSource:
         """The table pipeline's graph, spliced once for the first conversion and any rewrite of it."""
         assert self.prepared is not None
         return self.prepared.graph_def("tflite")
+
+    @property
+    def rebuilt_prefix_tables(self) -> set[str]:
+        """Tables the pipeline rebuilds at run time with only the rows the sequence length reads."""
+        if self.prepared is None:
+            return set()
+        return set(self.prepared.prefix_only) & set(self.prepared.replacements)
 
     def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
         """(GraphDef, inputs, outputs) that a rewrite starts from."""

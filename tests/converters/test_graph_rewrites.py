@@ -14,6 +14,7 @@ from pe_export.api import export_tflite
 from pe_export.converters.graph_rewrites import new_axis_slices_to_expand_dims
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
+from pe_export.tables.pipeline import TableOptions
 
 # (spelling, function of a [batch, time, width] tensor, slices it rewrites)
 SLICES: list[tuple[str, Callable[[Any], Any], int]] = [
@@ -73,7 +74,7 @@ def test_sliced_attention_mask_exports_builtin_only(builtins_only: bool, saved_m
     )
     assert report.exit_code == ExitCode.OK and report.summary.flex_ops == []
     assert report.notes == [  # its position table read as table[None, :T] is the second rewrite's
-        "1 prefix slice(s) of a constant (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE kernel copies "
+        "1 prefix slice(s) of a table (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE kernel copies "
         "element by element (20x slower on a large table)",
         "1 axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as ExpandDims: "
         "without it they needed FlexStridedSlice",
@@ -131,6 +132,12 @@ def test_a_dynamic_length_table_exports_as_slice(tmp_path: Path) -> None:
     report = export_tflite(tmp_path / "sm", tmp_path / "m.tflite", ExportOptions())
     assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
     assert report.parity.positions == 512 and report.parity.max_abs < 1e-5  # every row of the table checked
-    assert any(note.startswith("1 prefix slice(s) of a constant") for note in report.notes), report.notes
+    assert any(note.startswith("1 prefix slice(s) of a table") for note in report.notes), report.notes
     ops = inspect_path(tmp_path / "m.tflite").op_counts
     assert ops["SLICE"] == 1 and ops["STRIDED_SLICE"] <= 1  # left: the length read from the input's shape
+    # The table rebuilt at run time from --compress (only the rows the length reads): its slice too.
+    small = export_tflite(tmp_path / "sm", tmp_path / "c.tflite", ExportOptions(tables=TableOptions(compress=16)))
+    assert small.exit_code == ExitCode.OK and small.parity is not None and small.parity.passed
+    assert small.tables[0].method == "angle" and small.parity.positions == 512
+    assert any(note.startswith("1 prefix slice(s) of a table") for note in small.notes), small.notes
+    assert inspect_path(tmp_path / "c.tflite").op_counts["SLICE"] == 1
