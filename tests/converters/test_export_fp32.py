@@ -31,8 +31,10 @@ def test_tflite_fp32_matches_tensorflow(name: str, saved_model, tmp_path: Path) 
     assert report.parity is not None and report.parity.runtime == "litert"
     assert report.parity.max_abs <= FP32_MAX_ABS
     assert report.summary.flex_ops == []
-    rewritten = case.notes.get("new_axis_slices", 0)  # slices that needed FlexStridedSlice until rewritten
-    assert [note.split(" ")[0] for note in report.notes] == ([str(rewritten)] if rewritten else [])
+    # One note per rewrite, in order, with its count: prefix slices of the table (as SLICE), then the slices
+    # that needed FlexStridedSlice until rewritten.
+    expected = [str(case.notes[key]) for key in ("prefix_slices", "new_axis_slices") if case.notes.get(key)]
+    assert [note.split(" ")[0] for note in report.notes] == expected, report.notes
     signature = report.summary.signatures[0]
     assert tuple(sorted(s.name for s in signature.inputs)) == case.input_names
     assert tuple(sorted(s.name for s in signature.outputs)) == case.output_names
