@@ -6,12 +6,15 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from pe_export.errors import ExitCode
 from tests.helpers import run_cli
 
 DEMO_LIMIT_S = 120
 
 
+@pytest.mark.slow  # tens of seconds: out of the quick run
 def test_demo_shows_exact_compression_at_full_accuracy_and_the_lossy_recipe_worse(capfd, tmp_path: Path) -> None:
     started = time.perf_counter()
     result = run_cli(capfd, "demo", "--out", tmp_path / "demo")

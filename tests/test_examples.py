@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +19,7 @@ def run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
+@pytest.mark.slow  # tens of seconds: out of the quick run
 def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) -> None:
     script = REPO / "examples" / "ci" / "export-and-check.sh"
     good = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out")

@@ -125,6 +125,7 @@ def test_interrupted_golden_leaves_nothing(saved_model, tmp_path: Path, sent: in
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.slow  # tens of seconds: out of the quick run
 def test_racing_exports(saved_model, tmp_path: Path) -> None:
     target = tmp_path / "m.onnx"
     command = [*CLI, "onnx", str(saved_model("encoder_dynamic")), "-o", str(target), "--no-verify"]

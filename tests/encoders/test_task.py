@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from pe_export.encoders import task
 
@@ -22,6 +23,7 @@ def test_shipped_weights_solve_the_task() -> None:
     assert task.WEIGHTS.stat().st_size <= 2 * 2**20
 
 
+@pytest.mark.slow  # tens of seconds: out of the quick run
 def test_without_positions_it_is_near_chance() -> None:
     from pe_export.native import import_tensorflow
 
@@ -34,6 +36,7 @@ def test_without_positions_it_is_near_chance() -> None:
     assert score < 2 * chance
 
 
+@pytest.mark.slow  # tens of seconds: out of the quick run
 def test_training_is_deterministic() -> None:
     """Retraining in two fresh processes gives the same weights bit for bit, and the task is learnt.
 
