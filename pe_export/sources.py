@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pe_export.errors import BadInputError, missing_extra, one_line
+from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
+
+KERAS_HUB_PYTHON = (3, 11)  # keras-hub 0.32, what checkpoint folders load through, has no release for 3.10
 
 KERAS_SUFFIX = ".keras"
 CHECKPOINT_CONFIG = "config.json"
@@ -113,6 +116,12 @@ def _load_checkpoint(path: Path) -> object:
     try:
         import keras_hub
     except ImportError as err:
+        if sys.version_info < KERAS_HUB_PYTHON:  # the extra cannot help here: no keras-hub 0.32 for this Python
+            raise RuntimeUnavailableError(
+                f"{path} is a checkpoint folder, which loads through keras-hub 0.32, and that needs Python "
+                f"{'.'.join(map(str, KERAS_HUB_PYTHON))}+ (this is {sys.version_info[0]}.{sys.version_info[1]}); "
+                "export the model to a SavedModel or .keras file on a newer Python and pass that"
+            ) from err
         raise missing_extra("keras-hub", "hub") from err
     try:
         return keras_hub.models.Backbone.from_preset(str(path))

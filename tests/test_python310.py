@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,26 @@ def test_a_slice_of_the_suite_passes_on_python_310() -> None:
     print("Python 3.10:", summary)
     assert ran.returncode == 0, ran.stdout[-4000:]
     assert " passed" in summary and "failed" not in summary
+
+
+def test_a_checkpoint_folder_on_python_310_says_which_python_it_needs(tmp_path) -> None:
+    base = python_310()
+    if base is None:
+        pytest.skip("no Python 3.10 interpreter here (python3.10 on PATH or pyenv's)")
+    if sys.version_info[:2] == (3, 10):
+        pytest.skip("this suite already runs on Python 3.10")
+    folder = tmp_path / "checkpoint"  # what a downloaded Hugging Face folder holds; keras-hub is not there
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 8)
+    ran = subprocess.run(
+        [str(Path(dev_venv_310(base)).parent / "pe-export"), "tflite", str(folder), "-o", str(tmp_path / "m.tflite")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 3 and len(lines) == 1, ran.stderr[-2000:]
+    assert "needs Python 3.11+ (this is 3.10)" in lines[0] and "SavedModel or .keras" in lines[0]
+    assert not (tmp_path / "m.tflite").exists()
