@@ -455,7 +455,7 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     feeds, valid = job.check_feeds()
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference:
-        batches = list(reference_batches(reference, ((feeds[case], valid[case]) for case in feeds), feeds))
+        batches = list(reference_batches(reference, ((feeds[case], valid[case]) for case in feeds), list(feeds)))
     tolerances = {name: job.options.tolerance for name in sorted(batches[0].outputs)}
     started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
     with create_runner(runner_name, path) as candidate:
