@@ -29,7 +29,7 @@ from pe_export.constants import (
 )
 from pe_export.errors import BadInputError, check_range
 from pe_export.inputs import generate_inputs
-from pe_export.runners import create_runner, resolve_runtime, runner_options
+from pe_export.runners import create_runner, resolve_runtime, runner_options_for
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision
 from pe_export.specs import feed_shape
 
@@ -138,14 +138,7 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
     if not model.is_file():
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
     runtime = resolve_runtime(model, options.runtime)
-    extra = runner_options(
-        runtime,
-        threads=options.threads,
-        providers=options.providers,
-        tf32=options.tf32,
-        gpu_precision=options.gpu_precision,
-        cpu_fallback=options.cpu_fallback,
-    )
+    extra = runner_options_for(runtime, options)
     started = time.perf_counter()
     runner = create_runner(runtime, model, **extra)
     runner.activate()

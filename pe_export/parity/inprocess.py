@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pe_export.errors import BadInputError
 from pe_export.inspection.onnx_metadata import onnx_metadata
@@ -16,7 +15,7 @@ from pe_export.parity.compare import compare_batches
 from pe_export.parity.result import ParityOptions, ParityReport
 from pe_export.parity.tolerances import Tolerance, tolerance_for
 from pe_export.provenance import PRECISION, SOURCE_DIGEST
-from pe_export.runners import create_runner, resolve_runtime, runner_options, runners_for_file
+from pe_export.runners import create_runner, resolve_runtime, runner_options_for, runners_for_file
 from pe_export.runners.base import RUNNERS, Runner
 from pe_export.specs import TensorSpec
 
@@ -31,7 +30,7 @@ def run_check(
     stamps = _stamps(model)
     digest = _check_digest(stamps.get(SOURCE_DIGEST), bundle, options.ignore_digest, model)
     runtime = resolve_runtime(model, options.runtime)
-    extra = _runner_options(runtime, options)
+    extra = runner_options_for(runtime, options)
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
     precision = options.precision or _judged_precision(stamps.get(PRECISION) or "fp32", arithmetic)
     tolerances = _tolerances(bundle, precision, options)
@@ -120,17 +119,6 @@ def _judged_precision(file_precision: str, arithmetic: str | None) -> str:
     if arithmetic is None or file_precision not in _PRECISION_ORDER:
         return file_precision
     return max(file_precision, arithmetic, key=_PRECISION_ORDER.index)
-
-
-def _runner_options(runtime: str, options: ParityOptions) -> dict[str, Any]:
-    return runner_options(
-        runtime,
-        threads=options.threads,
-        providers=options.providers,
-        tf32=options.tf32,
-        gpu_precision=options.gpu_precision,
-        cpu_fallback=options.cpu_fallback,
-    )
 
 
 def _check_interface(runner: Runner, bundle: Bundle, model: Path) -> None:

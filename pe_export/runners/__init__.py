@@ -14,6 +14,7 @@ from pe_export.runners.base import (
     resolve_runtime,
     runner_names,
     runner_options,
+    runner_options_for,
     runners_for_file,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "resolve_runtime",
     "runner_names",
     "runner_options",
+    "runner_options_for",
     "runners_for_file",
 ]

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -119,6 +119,33 @@ def runner_options(runtime: str, *, threads: int | None, **options: Any) -> dict
     """Keyword options for create_runner: threads, plus those of ``options`` this runtime takes."""
     accepted = RUNNERS.get(runtime).option_names
     return {"threads": threads, **{key: value for key, value in options.items() if key in accepted}}
+
+
+class RuntimeSettings(Protocol):
+    """What a command's options say about the runtime (ParityOptions, BenchOptions)."""
+
+    @property
+    def threads(self) -> int | None: ...
+    @property
+    def providers(self) -> tuple[str, ...]: ...
+    @property
+    def tf32(self) -> bool: ...
+    @property
+    def gpu_precision(self) -> str: ...
+    @property
+    def cpu_fallback(self) -> bool: ...
+
+
+def runner_options_for(runtime: str, settings: RuntimeSettings) -> dict[str, Any]:
+    """runner_options from a command's options: each command asks the runtime the same way."""
+    return runner_options(
+        runtime,
+        threads=settings.threads,
+        providers=settings.providers,
+        tf32=settings.tf32,
+        gpu_precision=settings.gpu_precision,
+        cpu_fallback=settings.cpu_fallback,
+    )
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
