@@ -46,10 +46,9 @@ def new_axis_slices_to_expand_dims(graph_def: Any) -> tuple[Any, int]:
             last = step == len(plan.axes) - 1
             # The last ExpandDims takes the slice's name, so its consumers need no rewiring.
             name = node.name if last else f"{node.name}/new_axis_{step}"
-            axis_node = rewritten.node.add()
-            axis_node.name, axis_node.op = f"{node.name}/new_axis_{step}/axis", "Const"
-            axis_node.attr["dtype"].type = DT_INT32
-            axis_node.attr["value"].tensor.CopyFrom(_int32_scalar(axis))
+            axis_node = _const(
+                rewritten.node.add(), f"{node.name}/new_axis_{step}/axis", np.array(axis, np.int32), DT_INT32
+            )
             expand = rewritten.node.add()
             expand.name, expand.op = name, "ExpandDims"
             expand.input.extend([current, axis_node.name])
@@ -265,15 +264,6 @@ def _const(node: Any, name: str, value: np.ndarray, dtype: int) -> Any:
     node.attr["dtype"].type = dtype
     node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(value))
     return node
-
-
-def _int32_scalar(value: int) -> Any:
-    from tensorflow.core.framework import tensor_pb2
-
-    tensor = tensor_pb2.TensorProto()
-    tensor.dtype = DT_INT32
-    tensor.int_val.append(value)
-    return tensor
 
 
 # TFLite has ABS and SIGN for int32 (and floats) only: int64 ones become FlexAbs / FlexSign.

@@ -136,11 +136,20 @@ def measured_parity(python: Path | str, model: Path, bundle: Path, cwd: Path) ->
     return figures
 
 
-def run_outside_repo(*args: str | Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    """Run a command from the venv cache, so that `python -c` cannot import the checkout instead of the install."""
+def run_outside_repo(
+    *args: str | Path, timeout: int = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a command from the venv cache, so that `python -c` cannot import the checkout instead of the install;
+    ``env`` adds to this process's environment."""
     VENV_CACHE.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False, cwd=VENV_CACHE
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=VENV_CACHE,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,25 +16,13 @@ import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
 from pe_export.parity.supervisor import CHILD_PYTHON_ENV
-from tests.helpers import REPO, VENV_CACHE, cache_lock
+from tests.helpers import REPO, VENV_CACHE, cache_lock, run_outside_repo
 
 pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
 
 SETUP = REPO.parent / "shared" / "arm64" / "setup-env.sh"
 CACHE = VENV_CACHE
 QEMU_CPU = "neoverse-n1"
-
-
-def _run(*args: str | Path, env: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(a) for a in args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, **(env or {})},
-        cwd=CACHE,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +34,7 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     launcher = env_dir / "run.sh"
     if not launcher.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        built = _run("bash", SETUP, env_dir, sys.executable, "click", "onnx")
+        built = run_outside_repo("bash", SETUP, env_dir, sys.executable, "click", "onnx")
         if built.returncode != 0:
             reason = (built.stderr.strip().splitlines() or ["unknown"])[-1]
             if "qemu" in reason or "apt" in reason.lower():
@@ -56,9 +42,9 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
             raise AssertionError(built.stdout[-1500:] + built.stderr[-1500:])
     wheels = tmp_path_factory.mktemp("wheel")
     with cache_lock("checkout"):
-        made = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
+        made = run_outside_repo(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO)
     assert made.returncode == 0, made.stderr[-1500:]
-    installed = _run(
+    installed = run_outside_repo(
         sys.executable,
         "-m",
         "pip",
@@ -71,7 +57,7 @@ def arm64_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         *wheels.glob("*.whl"),
     )
     assert installed.returncode == 0, installed.stderr[-1500:]
-    machine = _run(launcher, "-c", "import platform; print(platform.machine())", env={"QEMU_CPU": QEMU_CPU})
+    machine = run_outside_repo(launcher, "-c", "import platform; print(platform.machine())", env={"QEMU_CPU": QEMU_CPU})
     assert machine.stdout.strip() == "aarch64", machine.stderr
     return launcher
 
@@ -88,7 +74,7 @@ def test_parity_passes_on_emulated_aarch64(arm64_python: Path, saved_model, expo
     for name, (target, quantize) in files.items():
         exported = exported_file(model, target, quantize)
         report = tmp_path / f"{name.replace(' ', '-')}.json"
-        checked = _run(
+        checked = run_outside_repo(
             arm64_python,
             "-m",
             "pe_export.cli",
