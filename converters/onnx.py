@@ -44,11 +44,10 @@ def convert_onnx(
     if prepared is None:
         # The frozen graph rather than tf2onnx.from_function: that would turn captured constant
         # tensors (a position table held by a layer) into extra graph inputs.
-        shared, inputs, outputs = frozen.graph()
-        graph_def = type(shared)()
-        graph_def.CopyFrom(shared)  # tf2onnx gets its own copy: the job's frozen graph stays as it was
+        _, inputs, outputs = frozen.graph()
+        graph_def = frozen.bound_graph()  # tf2onnx gets its own copy: the job's frozen graph stays as it was
     else:
-        graph_def, inputs, outputs = prepared.graph_def("onnx"), prepared.inputs, prepared.outputs
+        graph_def, inputs, outputs = frozen.weights.bind(prepared.graph_def("onnx")), prepared.inputs, prepared.outputs
     with capture_native_output(quiet) as log:
         try:
             model, _ = tf2onnx.convert.from_graph_def(

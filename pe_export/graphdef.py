@@ -64,11 +64,13 @@ class GraphIndex:
 
     @cached_property
     def runtime(self) -> set[str]:
-        """Nodes whose value depends on a graph input (computed at run time)."""
+        """Nodes whose value depends on a graph input (computed at run time); a weight stand-in is no input."""
+        from pe_export.weights import STAND_IN_ATTR
+
         result: set[str] = set()
         order = _topological(self.graph_def, self.nodes)
         for node in order:
-            if node.op == "Placeholder" or any(node_name(i) in result for i in node.input if not i.startswith("^")):
+            if (node.op == "Placeholder" and STAND_IN_ATTR not in node.attr) or any(node_name(i) in result for i in node.input if not i.startswith("^")):
                 result.add(node.name)
         return result
 

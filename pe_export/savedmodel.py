@@ -191,23 +191,31 @@ def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, in
 
 
 def _const_rows(node: Any) -> int | None:
-    if node is None or node.op != "Const":
-        return None
-    dims = node.attr["value"].tensor.tensor_shape.dim
-    return int(dims[0].size) if dims else None
+    """Rows of a frozen weight (a Const, or a stand-in for one)."""
+    from pe_export.weights import stored_shape
+
+    dims = stored_shape(node)
+    return dims[0] if dims else None
 
 
 class FrozenSignature:
     """One signature at given input specs, traced once and frozen once, when first asked.
 
-    Input bounds, the table pipeline and both converters read the same frozen graph: freezing
-    a deployment-sized encoder takes about 0.4 s, and an export used to do it up to three times.
+    Input bounds, the table pipeline and both converters read the same frozen graph, frozen without its large
+    weights (pe_export/weights.py: stand-ins, bound only for a converter), so analysing and rewriting it copies
+    no weight. ``name`` is the signature's key, where the plain SavedModel path may be converted as it is.
     """
 
-    def __init__(self, signature: Any, specs: list[TensorSpec]) -> None:
-        self.signature, self.specs = signature, specs
+    def __init__(
+        self, signature: Any, specs: list[TensorSpec], *, name: str | None = None, min_stand_in_bytes: int | None = None
+    ) -> None:
+        from pe_export.weights import MIN_STAND_IN_BYTES, WeightStore
+
+        self.signature, self.specs, self.name = signature, specs, name
+        self.min_stand_in_bytes = MIN_STAND_IN_BYTES if min_stand_in_bytes is None else min_stand_in_bytes
         self._concrete: Any = None
         self._frozen: tuple[Any, dict[str, str], dict[str, str]] | None = None
+        self.weights = WeightStore()
 
     @property
     def concrete(self) -> Any:
@@ -215,12 +223,35 @@ class FrozenSignature:
             self._concrete = wrap_signature(self.signature, self.specs)
         return self._concrete
 
+    @property
+    def native_specs(self) -> bool:
+        """True when the export keeps the signature's own input specs (no --seq-len, --batch, --dynamic-seq)."""
+        return self.specs == signature_input_specs(self.signature)
+
     def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
-        """(GraphDef, inputs, outputs), tensor names mapped to the signature's names. Do not modify it."""
+        """(GraphDef with weight stand-ins, inputs, outputs), tensor names mapped to the signature's names.
+
+        Do not modify it; ``bound_graph`` gives a converter its own copy with the weights in.
+        """
         if self._frozen is None:
-            frozen = frozen_function(self.concrete)
-            self._frozen = (frozen.graph.as_graph_def(), *frozen_io_names(self.concrete, frozen))
+            from pe_export.weights import weightless_freeze
+
+            concrete = self.concrete
+            graph_def, self.weights, input_tensors = weightless_freeze(concrete, self.min_stand_in_bytes)
+            inputs = {tensor: node_name(tensor) for tensor in input_tensors}
+            keys = sorted(concrete.structured_outputs)  # a signature returns a flat dict, flattened sorted
+            outputs = {tensor.name: key for tensor, key in zip(concrete.outputs, keys, strict=True)}
+            self._frozen = (graph_def, inputs, outputs)
         return self._frozen
+
+    def bound_graph(self, graph_def: Any | None = None) -> Any:
+        """A copy of ``graph_def`` (default: the frozen graph) with every weight stand-in bound to its value."""
+        own = self.graph()[0]
+        bound = self.weights.bind(own if graph_def is None else graph_def)
+        if bound is own:  # no stand-ins: still the caller's own copy
+            bound = type(own)()
+            bound.CopyFrom(own)
+        return bound
 
 
 def input_bounds(frozen: FrozenSignature) -> dict[str, int]:

@@ -42,7 +42,7 @@ def find_tables(
     graph_def: Any,
     *,
     original_consts: dict[str, np.ndarray],
-    variables: dict[str, np.ndarray],
+    variables: dict[str, Any],
     hybrids: dict[str, np.ndarray],
     wanted: tuple[str, ...] = (),
 ) -> list[TableInfo]:
@@ -60,16 +60,19 @@ def find_tables(
         squeezed = table_dims(dims)
         if squeezed is None:
             continue
+        uses = uses_of(graph, node.name, squeezed[0])
+        roles = {use.role for use in uses}
+        maybe_forced = bool(wanted)  # --table NAME: the readable name needs the value (its variable) first
+        if not maybe_forced and (not roles & {POSITION, RELATIVE} or roles & {LOOKUP, KERNEL}):
+            continue  # not read by position, or a vocabulary lookup or a weight: its value is never read
         value = const_value(node)
         rows = value.reshape(-1, value.shape[-1])
         # At a fixed length the slice table[:T] is folded too: match leading rows to find the origin.
         variable = _origin(rows, variables)
         readable = variable or _scope_name(node.name, graph.consumers)
         forced = any(w in readable or w in node.name for w in wanted)
-        uses = uses_of(graph, node.name, squeezed[0])
-        roles = {use.role for use in uses}
         if not forced and (not roles & {POSITION, RELATIVE} or roles & {LOOKUP, KERNEL}):
-            continue  # not read by position, or a vocabulary lookup or a weight
+            continue
         if not forced and np.unique(rows[: min(len(rows), 64)]).size <= 2:
             continue  # a 0/1 mask (causal or padding), not a table of positions
         fit = fit_sinusoid(rows)
@@ -129,11 +132,12 @@ def _sinusoid_plus_variable(rows: np.ndarray, variables: dict[str, np.ndarray]) 
     """
     length, width = rows.shape
     patterns = [np.tile([0.0, 1.0], width // 2), np.repeat([0.0, 1.0], width // 2)] if width % 2 == 0 else []
-    for name, array in variables.items():
-        table = array.reshape(-1, array.shape[-1]) if array.ndim >= 2 else None
-        if table is None or table.shape[1] != width or table.shape[0] < length:
+    for name, candidate in variables.items():
+        shape = _shape_of(candidate)
+        if len(shape) < 2 or shape[-1] != width or int(np.prod(shape[:-1])) < length:
             continue
-        offset = table[:length].astype(np.float64)
+        array = _value_of(candidate)
+        offset = array.reshape(-1, width)[:length].astype(np.float64)
         denominator = float(offset[0] @ offset[0])
         if denominator == 0.0:
             continue
@@ -183,14 +187,26 @@ def _readable(name: str) -> str:
     return name
 
 
-def _origin(rows: np.ndarray, candidates: dict[str, np.ndarray]) -> str | None:
+def _origin(rows: np.ndarray, candidates: dict[str, Any]) -> str | None:
     """The candidate whose leading rows are exactly ``rows`` ([L, d] or a folded slice of it)."""
-    for name, array in candidates.items():
-        table = array.reshape(-1, array.shape[-1]) if array.ndim >= 2 else None
-        if table is not None and table.shape[1] == rows.shape[1] and table.shape[0] >= rows.shape[0]:
-            if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):
-                return name
+    for name, candidate in candidates.items():
+        shape = _shape_of(candidate)
+        if len(shape) < 2 or shape[-1] != rows.shape[1] or int(np.prod(shape[:-1])) < rows.shape[0]:
+            continue
+        table = _value_of(candidate)
+        table = table.reshape(-1, table.shape[-1])
+        if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):
+            return name
     return None
+
+
+def _shape_of(candidate: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in candidate.shape)
+
+
+def _value_of(candidate: Any) -> np.ndarray:
+    """An array as it is; a TensorFlow variable's value (read now, not kept)."""
+    return candidate if isinstance(candidate, np.ndarray) else np.asarray(candidate.numpy())
 
 
 def _masked_by(name: str, consumers: dict, nodes: dict, depth: int = 6) -> str | None:
