@@ -180,7 +180,8 @@ class _GraphSource:
         tf = import_tensorflow()
         if graph_def is None and self.prepared is None:
             if self.frozen.name is not None and self.frozen.native_specs:
-                return tf.lite.TFLiteConverter.from_saved_model(str(self.loaded.path), signature_keys=[self.frozen.name])
+                path, keys = str(self.loaded.path), [self.frozen.name]
+                return tf.lite.TFLiteConverter.from_saved_model(path, signature_keys=keys)
             return tf.lite.TFLiteConverter.from_concrete_functions([self.frozen.concrete], self.loaded.obj)
         own, inputs, outputs = self.graph()
         bound = self.frozen.weights.bind(own if graph_def is None else graph_def)

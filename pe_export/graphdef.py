@@ -70,7 +70,8 @@ class GraphIndex:
         result: set[str] = set()
         order = _topological(self.graph_def, self.nodes)
         for node in order:
-            if (node.op == "Placeholder" and STAND_IN_ATTR not in node.attr) or any(node_name(i) in result for i in node.input if not i.startswith("^")):
+            is_input = node.op == "Placeholder" and STAND_IN_ATTR not in node.attr
+            if is_input or any(node_name(i) in result for i in node.input if not i.startswith("^")):
                 result.add(node.name)
         return result
 

@@ -284,7 +284,9 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     input_nodes, output_nodes = [node_name(n) for n in inputs], [node_name(n) for n in outputs]
     folded = fold_constants(materialize_static_dims(graph_def), input_nodes, output_nodes)
     variables = {  # read when a candidate's shape matches (tables/detect.py), not copied up front
-        getattr(v, "path", None) or node_name(v.name): v for v in getattr(loaded.obj, "variables", []) if len(v.shape) >= 2
+        getattr(v, "path", None) or node_name(v.name): v
+        for v in getattr(loaded.obj, "variables", [])
+        if len(v.shape) >= 2
     }
     tables = find_tables(
         folded,
