@@ -7,6 +7,7 @@ from typing import Any
 from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, rebuild_tables_at_load
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
+from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
@@ -44,18 +45,19 @@ def convert_onnx(
     if prepared is None:
         # The frozen graph rather than tf2onnx.from_function: that would turn captured constant
         # tensors (a position table held by a layer) into extra graph inputs.
-        _, inputs, outputs = frozen.graph()
-        graph_def = frozen.bound_graph()  # tf2onnx gets its own copy: the job's frozen graph stays as it was
+        graph_def, inputs, outputs = frozen.graph()
     else:
-        graph_def, inputs, outputs = frozen.weights.bind(prepared.graph_def("onnx")), prepared.inputs, prepared.outputs
+        graph_def, inputs, outputs = prepared.graph_def("onnx"), prepared.inputs, prepared.outputs
+    # Weight stand-ins enter tf2onnx as graph inputs and are bound as initializers after it (onnx_weights.py).
+    weights = {f"{name}:0": name for name in stand_in_names(graph_def)}
     with capture_native_output(quiet) as log:
         try:
             model, _ = tf2onnx.convert.from_graph_def(
                 graph_def,
-                input_names=list(inputs),
+                input_names=[*inputs, *weights],
                 output_names=list(outputs),
                 opset=options.opset,
-                tensors_to_rename={**inputs, **outputs},
+                tensors_to_rename={**inputs, **outputs, **weights},
             )
         except Exception as err:  # tf2onnx raises many types; all mean the same to the user
             failure: Exception | None = err
@@ -64,6 +66,7 @@ def convert_onnx(
     if failure is not None:
         first = one_line(failure)
         raise ConversionError(f"tf2onnx failed: {first}") from failure
+    bind_initializers(model, list(weights.values()), frozen.weights.value)
     folding = fold_shapes_of_initializers(model)
     check_onnx_model(model, "tf2onnx output")
     notes = []

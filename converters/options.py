@@ -38,6 +38,7 @@ class ExportOptions:
     text: TextInputs | None = None  # --text FILE (--tokenizer): real inputs to verify, calibrate and judge on
     inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
+    force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
 
     @property
     def precision(self) -> str:

@@ -317,6 +317,10 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
 
     saved_model = source.saved_model  # options and output path were checked once, in _export
     loaded = load_savedmodel(saved_model)
+    if not options.force:
+        from pe_export.memory import check_fits, weight_bytes
+
+        check_fits(weight_bytes(list(loaded.obj.variables)), file_format, options.quantize)  # before any freezing
     signature = loaded.signature(options.signature)
     model_specs = signature_input_specs(signature)
     specs = options.export_specs(model_specs)

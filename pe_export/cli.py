@@ -111,6 +111,9 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option(
+                "--force", is_flag=True, help="Export even where the memory estimate says the machine is too small."
+            ),
+            click.option(
                 "--keep-failed",
                 is_flag=True,
                 help="Keep a file that fails verification, as NAME.FAILED.ext (default: nothing is written).",
@@ -159,6 +162,7 @@ def _export_options(**values: Any) -> Any:
         overwrite=values["overwrite"],
         keep_failed=values["keep_failed"],
         min_cosine=values["min_cosine"],
+        force=values.get("force", False),
         text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
         inputs=values["inputs"],
         tables=TableOptions(

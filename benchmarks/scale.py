@@ -1,0 +1,160 @@
+"""Export cost at the sizes users ship, side by side with the bare converters: wall time and the peak resident
+memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
+
+    python benchmarks/scale.py [--sizes minilm,base,large] [--formats tflite,onnx] [--int8] [--cap-gb 21]
+
+Random-init keras-hub BertBackbones built in code (weights drawn from a seeded normal so no two are equal, as
+in a trained model): MiniLM-sized (6 layers, d=384), BERT-base (12, 768) and BERT-large (24, 1024) shapes, vocab
+30522, 512 positions. Each command runs in its own process; one that passes --cap-gb of process-tree memory is
+killed and shown as such (the machine would otherwise thrash for minutes). Every pe-export run verifies its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SHAPES = {  # num_layers, hidden_dim, num_heads, intermediate_dim
+    "minilm": (6, 384, 12, 1536),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "mid": (6, 512, 8, 2048),  # the size tests/test_scale.py holds to the memory bound
+}
+VOCAB, POSITIONS = 30522, 512
+
+BUILD = """
+import sys
+sys.path.insert(0, sys.argv[8])
+from pathlib import Path
+from tests.fixtures.keras_hub_models import export_random_bert
+layers, hidden, heads, ff, vocab, positions = (int(a) for a in sys.argv[2:8])
+export_random_bert(Path(sys.argv[1]), num_layers=layers, hidden_dim=hidden, num_heads=heads, intermediate_dim=ff,
+                   vocabulary_size=vocab, max_sequence_length=positions)
+"""
+REPO = Path(__file__).resolve().parents[1]
+BARE_TFLITE = """
+import sys, tensorflow as tf
+converter = tf.lite.TFLiteConverter.from_saved_model(sys.argv[1])
+converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+if sys.argv[3] == "dynamic-int8":
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+open(sys.argv[2], "wb").write(converter.convert())
+"""
+
+
+@dataclass
+class Measured:
+    wall_s: float
+    peak_bytes: int
+    returncode: int
+    killed: bool
+
+    def cells(self) -> tuple[str, str]:
+        if self.killed:
+            return f"killed {self.wall_s:.0f} s", f">{self.peak_bytes / 1e9:.1f} GB (cap)"
+        if self.returncode != 0:
+            return f"exit {self.returncode}", f"{self.peak_bytes / 1e9:.2f} GB"
+        return f"{self.wall_s:.1f} s", f"{self.peak_bytes / 1e9:.2f} GB"
+
+
+def measure(command: list[str], cap_bytes: int) -> Measured:
+    """Run ``command``; its wall time and the peak RSS summed over its process tree."""
+    import psutil
+
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root, peak, killed = psutil.Process(process.pid), 0, False
+    while process.poll() is None:
+        total = 0
+        try:
+            for member in [root, *root.children(recursive=True)]:
+                try:
+                    total += member.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            pass
+        peak = max(peak, total)
+        if total > cap_bytes:
+            for member in [*root.children(recursive=True), root]:
+                try:
+                    member.kill()
+                except psutil.Error:
+                    pass
+            killed = True
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    if process.returncode and not killed:
+        print(f"  {' '.join(command[:3])} …: exit {process.returncode}: {stderr.strip().splitlines()[-1:]}")
+    return Measured(wall, peak, process.returncode, killed)
+
+
+def build(size: str, folder: Path) -> Path:
+    path = folder / f"{size}_savedmodel"
+    if not path.exists():
+        layers, hidden, heads, ff = SHAPES[size]
+        args = [str(path), str(layers), str(hidden), str(heads), str(ff), str(VOCAB), str(POSITIONS), str(REPO)]
+        subprocess.run([sys.executable, "-c", BUILD, *args], check=True, capture_output=True)
+    return path
+
+
+def params(saved_model: Path) -> int:
+    return sum(p.stat().st_size for p in (saved_model / "variables").glob("*")) // 4
+
+
+def rows_for(size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path) -> list[list[str]]:
+    rows = []
+    for mode in modes:
+        for file_format in formats:
+            target = out / f"{size}.{mode}.{file_format}"
+            if file_format == "tflite":
+                bare = [sys.executable, "-c", BARE_TFLITE, str(saved_model), str(target) + ".bare", mode]
+            else:
+                if mode != "none":
+                    continue  # tf2onnx has no int8 of its own; onnxruntime's quantizer runs on its file
+                bare = [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model)]
+                bare += ["--opset", "17", "--output", str(target) + ".bare"]
+            ours = ["pe-export", file_format, str(saved_model), "-o", str(target), "--overwrite"]
+            if mode != "none":
+                ours += ["--quantize", mode]
+            them, us = measure(bare, cap), measure(ours, cap)
+            ratio_t = f"{us.wall_s / them.wall_s:.2f}x" if not them.killed and not us.killed else "-"
+            ratio_m = f"{us.peak_bytes / them.peak_bytes:.2f}x" if not them.killed and not us.killed else "-"
+            bare_name = "TFLite converter" if file_format == "tflite" else "tf2onnx"
+            label = f"{file_format} {mode if mode != 'none' else 'fp32'}"
+            rows.append([size, label, bare_name, *them.cells(), *us.cells(), ratio_t, ratio_m])
+            print("  " + " | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="minilm,base,large")
+    parser.add_argument("--formats", default="tflite,onnx")
+    parser.add_argument("--int8", action="store_true", help="also --quantize dynamic-int8")
+    parser.add_argument("--cap-gb", type=float, default=21.0)
+    parser.add_argument("--work", type=Path, default=None, help="keep SavedModels here between runs")
+    args = parser.parse_args()
+    modes = ["none", "dynamic-int8"] if args.int8 else ["none"]
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        table = []
+        for size in args.sizes.split(","):
+            saved_model = build(size, work)
+            print(f"{size}: {params(saved_model) / 1e6:.0f}M params", flush=True)
+            table += rows_for(size, saved_model, args.formats.split(","), modes, int(args.cap_gb * 1e9), work)
+    header = ["model", "export", "bare", "bare wall", "bare peak", "pe-export wall", "pe-export peak", "time", "memory"]
+    widths = [max(len(str(row[i])) for row in [header, *table]) for i in range(len(header))]
+    for row in [header, *table]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
