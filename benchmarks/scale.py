@@ -108,7 +108,9 @@ def params(saved_model: Path) -> int:
     return sum(p.stat().st_size for p in (saved_model / "variables").glob("*")) // 4
 
 
-def rows_for(size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path) -> list[list[str]]:
+def rows_for(
+    size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path
+) -> list[list[str]]:
     rows = []
     for mode in modes:
         for file_format in formats:

@@ -45,7 +45,8 @@ def mid(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tflite_export_stays_near_the_bare_converter(mid: Path, tmp_path: Path) -> None:
     bench = _benchmark()
     cap = 20 * 10**9
-    bare = bench.measure([sys.executable, "-c", bench.BARE_TFLITE, str(mid), str(tmp_path / "bare.tflite"), "none"], cap)
+    bare_command = [sys.executable, "-c", bench.BARE_TFLITE, str(mid), str(tmp_path / "bare.tflite"), "none"]
+    bare = bench.measure(bare_command, cap)
     ours = bench.measure(["pe-export", "tflite", str(mid), "-o", str(tmp_path / "m.tflite")], cap)  # verified
     assert bare.returncode == 0 and ours.returncode == 0
     assert ours.peak_bytes <= TFLITE_PEAK_OVER_BARE * bare.peak_bytes, (ours, bare)

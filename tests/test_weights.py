@@ -39,7 +39,7 @@ def test_stand_ins_bind_to_what_plain_freezing_writes(bert: Path) -> None:
     from pe_export.savedmodel import frozen_graph_def
     from pe_export.weights import is_stand_in
 
-    loaded, frozen = _frozen(bert, ALL_STAND_INS)  # the loaded model holds the variables the store reads
+    _loaded, frozen = _frozen(bert, ALL_STAND_INS)  # the loaded model holds the variables the store reads
     graph_def, _, _ = frozen.graph()
     stand_ins = [node.name for node in graph_def.node if is_stand_in(node)]
     weights = sum(node.attr["value"].tensor.ByteSize() for node in graph_def.node if node.op == "Const")
@@ -105,9 +105,9 @@ def test_weightless_onnx_has_the_plain_path_weights_and_outputs(bert: Path) -> N
 
 def test_tflite_from_stand_ins_has_the_plain_path_buffers(bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--compress rewrites the table, so the converter gets the bound weightless graph: same weights."""
-    from pe_export.api import export_tflite
     from tensorflow.lite.tools import flatbuffer_utils
 
+    from pe_export.api import export_tflite
     from pe_export.tables.pipeline import TableOptions
 
     def weight_buffers(data: bytes) -> list[bytes]:
