@@ -104,8 +104,9 @@ def build(size: str, folder: Path) -> Path:
     return path
 
 
-def params(saved_model: Path) -> int:
-    return sum(p.stat().st_size for p in (saved_model / "variables").glob("*")) // 4
+def variables_mb(saved_model: Path) -> float:
+    """The SavedModel's variables on disk (a Keras export stores most weights twice)."""
+    return sum(p.stat().st_size for p in (saved_model / "variables").glob("*")) / 1e6
 
 
 def rows_for(
@@ -150,7 +151,7 @@ def main() -> None:
         table = []
         for size in args.sizes.split(","):
             saved_model = build(size, work)
-            print(f"{size}: {params(saved_model) / 1e6:.0f}M params", flush=True)
+            print(f"{size}: {SHAPES[size]} SavedModel variables {variables_mb(saved_model):,.0f} MB", flush=True)
             table += rows_for(size, saved_model, args.formats.split(","), modes, int(args.cap_gb * 1e9), work)
     header = ["model", "export", "bare", "bare wall", "bare peak", "pe-export wall", "pe-export peak", "time", "memory"]
     widths = [max(len(str(row[i])) for row in [header, *table]) for i in range(len(header))]

@@ -40,8 +40,12 @@ def convert_tflite(
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
+    preconverted: tuple[bytes, str] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
+
+    ``preconverted`` is (flatbuffer, log) of the plain SavedModel conversion already made (converters/
+    tflite_child.py): it stands for the first conversion where that is the SavedModel as it is.
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     Where the converter needs a Flex op that builtins can do (FlexStridedSlice for axis-inserting
@@ -50,7 +54,7 @@ def convert_tflite(
     meet the export's tolerance on, against the float32 file; without it the converter's file is kept.
     """
     source = _GraphSource(loaded, frozen, prepared)
-    data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet)
+    data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
         feeds, masks = judge()
         if feeds:
@@ -75,13 +79,17 @@ def _convert_with_rewrites(
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     quiet: bool,
+    preconverted: tuple[bytes, str] | None = None,
 ) -> tuple[bytes, str, list[str], Any | None]:
     """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
     loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
     fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables)
     try:
-        data, log = convert(allow_flex=not options.builtins_only, graph=fast)
+        if preconverted is not None and fast is None and source.converts_saved_model:
+            data, log = preconverted
+        else:
+            data, log = convert(allow_flex=not options.builtins_only, graph=fast)
         first_error: ConversionError | None = None
     except ConversionError as err:
         if not options.builtins_only:
@@ -173,13 +181,18 @@ class _GraphSource:
             return self._spliced, self.prepared.inputs, self.prepared.outputs
         return self.frozen.graph()
 
+    @property
+    def converts_saved_model(self) -> bool:
+        """True when the plain conversion is the SavedModel's own signature, as it is."""
+        return self.prepared is None and self.frozen.name is not None and self.frozen.native_specs
+
     def converter(self, graph_def: Any | None) -> Any:
         """A TFLiteConverter over ``graph_def`` (with this source's inputs and outputs, weights bound), else the
         source: the SavedModel itself where the export keeps its signature as it is (the converter's own
         importer, which freezes without a Python copy of the weights: 3.7 GB against 5.0 GB at BERT-base)."""
         tf = import_tensorflow()
         if graph_def is None and self.prepared is None:
-            if self.frozen.name is not None and self.frozen.native_specs:
+            if self.converts_saved_model:
                 path, keys = str(self.loaded.path), [self.frozen.name]
                 return tf.lite.TFLiteConverter.from_saved_model(path, signature_keys=keys)
             return tf.lite.TFLiteConverter.from_concrete_functions([self.frozen.concrete], self.loaded.obj)
@@ -199,25 +212,9 @@ def _convert(
     quiet: bool,
     graph: Any | None = None,
 ) -> tuple[bytes, str]:
-    tf = import_tensorflow()
-    specs = source.frozen.specs
     converter = source.converter(graph)
-    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if options.quantize == "float16":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.target_spec.supported_types = [tf.float16]
-    elif options.quantize == "dynamic-int8":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif options.quantize == "int8":
-        if calibration is None:
-            raise ValueError("int8 quantization needs calibration inputs")
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = _representative_dataset(calibration, specs)
-        # Full-integer kernels first; float builtins only where no int8 kernel exists.
-        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
-    if allow_flex:
-        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
-    converter.target_spec.supported_ops = ops
+    dataset = None if calibration is None else _representative_dataset(calibration, source.frozen.specs)
+    configure_converter(converter, options.quantize, allow_flex=allow_flex, representative_dataset=dataset)
     failure: Exception | None
     with capture_native_output(quiet) as log:
         try:
@@ -235,6 +232,33 @@ def _convert(
             "this is a pe-export bug worth reporting with the model"
         )
     return data, log.text
+
+
+def configure_converter(
+    converter: Any,
+    quantize: str,
+    *,
+    allow_flex: bool,
+    representative_dataset: Callable[[], Iterator[list[np.ndarray]]] | None = None,
+) -> None:
+    """Op sets and quantization of a TFLiteConverter for an export's --quantize (and --builtins-only)."""
+    tf = import_tensorflow()
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantize == "float16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    elif quantize == "dynamic-int8":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    elif quantize == "int8":
+        if representative_dataset is None:
+            raise ValueError("int8 quantization needs calibration inputs")
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = representative_dataset
+        # Full-integer kernels first; float builtins only where no int8 kernel exists.
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+    if allow_flex:
+        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = ops
 
 
 def _representative_dataset(

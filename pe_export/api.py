@@ -12,6 +12,7 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
+    DEFAULT_SIGNATURE,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
@@ -160,7 +161,10 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     from pe_export.converters.tflite import convert_tflite
     from pe_export.inspection.tflite_file import summarize_tflite_bytes
 
+    early = _convert_before_loading(source, options)
     job = _prepare("tflite", source, Path(output), options)
+    if early is not None and early.signature != job.signature:
+        early = None
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
@@ -190,11 +194,32 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             quiet=quiet,
             prepared=prepared,
             judge=job.judge_feeds if options.verify else None,
+            preconverted=(early.data, early.log) if early is not None and prepared is None else None,
         ),
     )
-    data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
+    if early is None or data is not early.data:  # the child's file has its metadata already
+        data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
+    early = None  # its bytes are not held past the embedding
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
+
+
+def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
+    """The plain TFLite conversion in a child, before this process loads the model (converters/tflite_child.py):
+    where the export keeps the SavedModel's signature as it is and the file is one conversion. None otherwise."""
+    from pe_export.converters.tflite_child import QUANTIZE_MODES, convert_in_child
+
+    tables, shapes = options.tables, (options.seq_len, options.batch)
+    if options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq:
+        return None
+    signature = options.signature or DEFAULT_SIGNATURE
+    provenance = provenance_entries(source.digest, options.precision, signature)
+    early = convert_in_child(
+        source.saved_model, options.signature, options.quantize, not options.builtins_only, provenance
+    )
+    if early is not None and early.signature != signature:
+        return None  # another signature was resolved: the provenance names it, so convert in-process
+    return early
 
 
 def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
@@ -317,11 +342,12 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
 
     saved_model = source.saved_model  # options and output path were checked once, in _export
     loaded = load_savedmodel(saved_model)
+    signature = loaded.signature(options.signature)
     if not options.force:
         from pe_export.memory import check_fits, weight_bytes
 
-        check_fits(weight_bytes(list(loaded.obj.variables)), file_format, options.quantize)  # before any freezing
-    signature = loaded.signature(options.signature)
+        variables = list(getattr(loaded.obj, "variables", []))
+        check_fits(weight_bytes(variables), file_format, options.quantize)  # before any freezing
     model_specs = signature_input_specs(signature)
     specs = options.export_specs(model_specs)
     signature_name = loaded.resolve_signature_name(options.signature)

@@ -51,7 +51,9 @@ def savedmodel_digest(path: Path) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != "fingerprint.pb")
     for file in files:
         digest.update(str(file.relative_to(path)).encode())
-        digest.update(file.read_bytes())
+        with file.open("rb") as handle:  # streamed: a large model's variables file would be read whole
+            for chunk in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 

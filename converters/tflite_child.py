@@ -1,0 +1,103 @@
+"""The plain TFLite conversion in a child process, run before the exporting process loads the model.
+
+The converter's own SavedModel importer needs 3.7 GB at BERT-base shape (9.7 GB at BERT-large); the exporting
+process holds the loaded SavedModel (the reference it verifies against) from the moment it loads it, and memory
+TensorFlow has taken is not given back within a process. Converting first, in a child that exits before the
+parent loads anything, keeps the export's peak at the converter's own: the child's memory is all returned when
+it ends. The parent then checks that nothing had to be rewritten; where something did, it converts in-process as
+before and this file is not used.
+
+    python -m pe_export.converters.tflite_child REQUEST.json   (written by ``convert_in_child``)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pe_export.constants import DEFAULT_SIGNATURE
+
+QUANTIZE_MODES = ("none", "float16")  # modes whose file is one conversion (the int8 ones calibrate or search)
+
+
+@dataclass(frozen=True)
+class ChildConversion:
+    data: bytes  # the flatbuffer, metadata already embedded
+    signature: str  # the signature it converted (resolved as LoadedSavedModel.resolve_signature_name does)
+    log: str
+
+
+def convert_in_child(
+    saved_model: Path, signature: str | None, quantize: str, allow_flex: bool, provenance: dict[str, str]
+) -> ChildConversion | None:
+    """The converted file, or None where the child failed: the in-process path then converts and reports."""
+    with tempfile.TemporaryDirectory(prefix="pe-export-convert-") as scratch:
+        request = Path(scratch) / "request.json"
+        output = Path(scratch) / "model.tflite"
+        request.write_text(
+            json.dumps(
+                {
+                    "saved_model": str(saved_model),
+                    "signature": signature,
+                    "quantize": quantize,
+                    "allow_flex": allow_flex,
+                    "provenance": provenance,
+                    "output": str(output),
+                }
+            )
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "pe_export.converters.tflite_child", str(request)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not output.is_file():
+            return None
+        answer = json.loads((Path(scratch) / "answer.json").read_text())
+        return ChildConversion(output.read_bytes(), str(answer["signature"]), done.stderr)
+
+
+def _signature_key(saved_model: Path, asked: str | None) -> str:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((saved_model / "saved_model.pb").read_bytes())
+    names = sorted(proto.meta_graphs[0].signature_def.keys()) if proto.meta_graphs else []
+    if asked is not None:
+        if asked not in names:
+            raise SystemExit(2)
+        return asked
+    if not names:
+        raise SystemExit(2)
+    return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
+
+
+def _main(request_path: Path) -> None:
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from pe_export.converters.tflite import configure_converter
+    from pe_export.native import import_tensorflow
+    from pe_export.provenance import embed_tflite_metadata
+
+    request = json.loads(request_path.read_text())
+    saved_model = Path(request["saved_model"])
+    key = _signature_key(saved_model, request["signature"])
+    tf = import_tensorflow()
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[key])
+    configure_converter(converter, request["quantize"], allow_flex=request["allow_flex"])
+    data = converter.convert()
+    del converter
+    data = embed_tflite_metadata(data, request["provenance"], signature_key=key)
+    output = Path(request["output"])
+    output.write_bytes(data)
+    (output.parent / "answer.json").write_text(json.dumps({"signature": key}))
+
+
+if __name__ == "__main__":
+    _main(Path(sys.argv[1]))
