@@ -24,6 +24,7 @@ def _benchmark():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("scale_benchmark", REPO / "benchmarks" / "scale.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -61,4 +62,6 @@ def test_onnx_export_needs_at_most_half_of_tf2onnx(mid: Path, tmp_path: Path) ->
     ours = bench.measure(["pe-export", "onnx", str(mid), "-o", str(tmp_path / "m.onnx")], cap)  # verified
     assert bare.returncode == 0 and ours.returncode == 0
     assert ours.peak_bytes <= ONNX_PEAK_OVER_TF2ONNX * bare.peak_bytes, (ours, bare)
-    assert (tmp_path / "m.onnx").stat().st_size >= 0.95 * (tmp_path / "bare.onnx").stat().st_size  # all weights
+    layers, hidden, _, ff = bench.SHAPES["mid"]
+    matrices = (30522 + 512 + 2) * hidden + layers * (4 * hidden * hidden + 2 * hidden * ff) + hidden * hidden
+    assert (tmp_path / "m.onnx").stat().st_size >= 4 * matrices  # every weight matrix is in the file, as float32
