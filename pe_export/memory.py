@@ -3,8 +3,9 @@
 against what the machine has available: a machine too small gets one line, not the kernel's `Killed`.
 
 The factors come from benchmarks/scale.py (process-tree peak over weight bytes, every file verified, 2-core x86):
-BERT-base shape (438 MB of float32 weights) peaked at 4.1 GB for TFLite and 4.5 GB for ONNX, about 0.7 GB of
-TensorFlow itself plus 7.7x and 8.7x the weights. Dynamic int8 converts a float file beside the int8 one.
+BERT-base shape (438 MB of float32 weights) peaked at 4.1 GB for TFLite and 4.5 GB for ONNX, BERT-large (1.34 GB)
+at 11.5 and 12.1 GB: about 1 GB of TensorFlow and runtimes plus 7-8x (TFLite) and 8-8.3x (ONNX) the weights.
+Dynamic int8 converts a float file beside the int8 one.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from tests.fixtures.keras_hub_models import export_random_bert
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-# The issue asks 1.25x; measured 1.42x at BERT-base and about as much here: the loaded SavedModel (our reference)
-# stays resident while the converter loads its own copy. A bound to tighten, not to loosen.
-TFLITE_PEAK_OVER_BARE = 1.5
+# benchmarks/scale.py measured 1.12x (minilm, BERT-base) and 1.14x (BERT-large): the plain conversion runs in a
+# child before the exporting process loads the model (converters/tflite_child.py).
+TFLITE_PEAK_OVER_BARE = 1.25
 TFLITE_WALL_OVER_BARE = 2.0
 ONNX_PEAK_OVER_TF2ONNX = 0.5
 
