@@ -13,13 +13,12 @@ before and this file is not used.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from pe_export.constants import DEFAULT_SIGNATURE
 
 QUANTIZE_MODES = ("none", "float16")  # modes whose file is one conversion (the int8 ones calibrate or search)
 
@@ -32,9 +31,10 @@ class ChildConversion:
 
 
 def convert_in_child(
-    saved_model: Path, signature: str | None, quantize: str, allow_flex: bool, provenance: dict[str, str]
+    saved_model: Path, signature: str | None, quantize: str, allow_flex: bool, digest: str, precision: str
 ) -> ChildConversion | None:
-    """The converted file, or None where the child failed: the in-process path then converts and reports."""
+    """The converted file, its provenance stamped with the signature the child resolved, or None where the child
+    failed: the in-process path then converts and reports."""
     with tempfile.TemporaryDirectory(prefix="pe-export-convert-") as scratch:
         request = Path(scratch) / "request.json"
         output = Path(scratch) / "model.tflite"
@@ -45,7 +45,8 @@ def convert_in_child(
                     "signature": signature,
                     "quantize": quantize,
                     "allow_flex": allow_flex,
-                    "provenance": provenance,
+                    "digest": digest,
+                    "precision": precision,
                     "output": str(output),
                 }
             )
@@ -63,27 +64,22 @@ def convert_in_child(
 
 
 def _signature_key(saved_model: Path, asked: str | None) -> str:
+    """The signature the export uses, chosen from saved_model.pb as the loaded model chooses (savedmodel.py)."""
     from tensorflow.core.protobuf import saved_model_pb2
+
+    from pe_export.savedmodel import choose_signature
 
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString((saved_model / "saved_model.pb").read_bytes())
     names = sorted(proto.meta_graphs[0].signature_def.keys()) if proto.meta_graphs else []
-    if asked is not None:
-        if asked not in names:
-            raise SystemExit(2)
-        return asked
-    if not names:
-        raise SystemExit(2)
-    return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
+    return choose_signature(saved_model, names, asked)  # a BadInputError exits non-zero: the parent says why
 
 
 def _main(request_path: Path) -> None:
-    import os
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from pe_export.converters.tflite import configure_converter
     from pe_export.native import import_tensorflow
-    from pe_export.provenance import embed_tflite_metadata
+    from pe_export.provenance import embed_tflite_metadata, provenance_entries
 
     request = json.loads(request_path.read_text())
     saved_model = Path(request["saved_model"])
@@ -93,7 +89,8 @@ def _main(request_path: Path) -> None:
     configure_converter(converter, request["quantize"], allow_flex=request["allow_flex"])
     data = converter.convert()
     del converter
-    data = embed_tflite_metadata(data, request["provenance"], signature_key=key)
+    provenance = provenance_entries(request["digest"], request["precision"], key)
+    data = embed_tflite_metadata(data, provenance, signature_key=key)
     output = Path(request["output"])
     output.write_bytes(data)
     (output.parent / "answer.json").write_text(json.dumps({"signature": key}))

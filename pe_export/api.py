@@ -12,7 +12,6 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
-    DEFAULT_SIGNATURE,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
@@ -164,7 +163,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     early = _convert_before_loading(source, options)
     job = _prepare("tflite", source, Path(output), options)
     if early is not None and early.signature != job.signature:
-        early = None
+        early = None  # its provenance names another signature than the one this export resolved
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
@@ -212,14 +211,10 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     tables, shapes = options.tables, (options.seq_len, options.batch)
     if options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq:
         return None
-    signature = options.signature or DEFAULT_SIGNATURE
-    provenance = provenance_entries(source.digest, options.precision, signature)
-    early = convert_in_child(
-        source.saved_model, options.signature, options.quantize, not options.builtins_only, provenance
+    allow_flex = not options.builtins_only
+    return convert_in_child(
+        source.saved_model, options.signature, options.quantize, allow_flex, source.digest, options.precision
     )
-    if early is not None and early.signature != signature:
-        return None  # another signature was resolved: the provenance names it, so convert in-process
-    return early
 
 
 def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:

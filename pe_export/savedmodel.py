@@ -57,6 +57,19 @@ def savedmodel_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def choose_signature(path: Path, names: list[str], name: str | None) -> str:
+    """The signature to use of ``names`` (sorted): ``name``, else serving_default, else the first; checked to exist."""
+    if not names:
+        raise BadInputError(
+            f"{path} has no serving signature; export it with keras.Model.export(path) or save it with signatures="
+        )
+    if name is None:
+        return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
+    if name not in names:
+        raise BadInputError(f"signature {name!r} is not in {path}; it has: {', '.join(names)} (use --signature)")
+    return name
+
+
 @dataclass
 class LoadedSavedModel:
     path: Path
@@ -67,20 +80,7 @@ class LoadedSavedModel:
         return sorted(self.obj.signatures.keys())
 
     def resolve_signature_name(self, name: str | None) -> str:
-        """The signature to use: ``name``, else serving_default, else the first; checked to exist."""
-        names = self.signature_names
-        if not names:
-            raise BadInputError(
-                f"{self.path} has no serving signature; export it with keras.Model.export(path) "
-                "or save it with signatures="
-            )
-        if name is None:
-            return DEFAULT_SIGNATURE if DEFAULT_SIGNATURE in names else names[0]
-        if name not in names:
-            raise BadInputError(
-                f"signature {name!r} is not in {self.path}; it has: {', '.join(names)} (use --signature)"
-            )
-        return name
+        return choose_signature(self.path, self.signature_names, name)
 
     def signature(self, name: str | None) -> Any:
         return self.obj.signatures[self.resolve_signature_name(name)]
@@ -148,17 +148,6 @@ def frozen_function(concrete: Any) -> Any:
 
 def frozen_graph_def(concrete: Any) -> Any:
     return frozen_function(concrete).graph.as_graph_def()
-
-
-def frozen_io_names(concrete: Any, frozen: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """Graph tensor name → user-facing name, for the frozen function's inputs and outputs.
-
-    Signatures return a flat dict, which TensorFlow flattens in sorted key order.
-    """
-    inputs = {tensor.name: node_name(tensor.name) for tensor in frozen.inputs}
-    keys = sorted(concrete.structured_outputs)
-    outputs = {tensor.name: key for tensor, key in zip(frozen.outputs, keys, strict=True)}
-    return inputs, outputs
 
 
 def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, int]:
@@ -233,7 +222,7 @@ class FrozenSignature:
     def graph(self) -> tuple[Any, dict[str, str], dict[str, str]]:
         """(GraphDef with weight stand-ins, inputs, outputs), tensor names mapped to the signature's names.
 
-        Do not modify it; ``bound_graph`` gives a converter its own copy with the weights in.
+        Do not modify it; ``weights.bind`` gives a converter a copy with the weights in.
         """
         if self._frozen is None:
             from pe_export.weights import weightless_freeze
@@ -245,15 +234,6 @@ class FrozenSignature:
             outputs = {tensor.name: key for tensor, key in zip(concrete.outputs, keys, strict=True)}
             self._frozen = (graph_def, inputs, outputs)
         return self._frozen
-
-    def bound_graph(self, graph_def: Any | None = None) -> Any:
-        """A copy of ``graph_def`` (default: the frozen graph) with every weight stand-in bound to its value."""
-        own = self.graph()[0]
-        bound = self.weights.bind(own if graph_def is None else graph_def)
-        if bound is own:  # no stand-ins: still the caller's own copy
-            bound = type(own)()
-            bound.CopyFrom(own)
-        return bound
 
 
 def input_bounds(frozen: FrozenSignature) -> dict[str, int]:

@@ -50,7 +50,9 @@ class WeightStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(v.shape)) * v.dtype.size for v in self.variables.values())
+        from pe_export.memory import weight_bytes
+
+        return weight_bytes(list(self.variables.values()))
 
     def value(self, name: str) -> np.ndarray:
         return np.asarray(self.variables[name].numpy())
@@ -59,8 +61,6 @@ class WeightStore:
         """A copy of ``graph_def`` with every stand-in a Const of its weight (what plain freezing writes)."""
         if not any(is_stand_in(node) for node in graph_def.node):
             return graph_def
-        from tensorflow.python.framework import tensor_util
-
         result = type(graph_def)()
         result.library.CopyFrom(graph_def.library)
         result.versions.CopyFrom(graph_def.versions)
@@ -68,13 +68,11 @@ class WeightStore:
             if not is_stand_in(node):
                 result.node.append(node)
                 continue
-            value = self.value(node.name)
             const = result.node.add()
             const.name, const.op = node.name, "Const"
             const.device = node.device
             const.attr["dtype"].type = node.attr["dtype"].type
-            const.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(value, node.attr["dtype"].type))
-            del value  # one weight at a time: the bound graph is the only full copy
+            _set_const(const, self.value(node.name))  # one weight at a time: the bound graph is the only full copy
         return result
 
 

@@ -46,7 +46,7 @@ def test_stand_ins_bind_to_what_plain_freezing_writes(bert: Path) -> None:
     assert len(stand_ins) >= 2 * 6 + 1  # per block: q, k, v, output, two feed-forward kernels; the token table
     assert frozen.weights.nbytes > 10 * weights  # the graph analysed holds a small part of the weights
     plain = _consts(frozen_graph_def(frozen.concrete))
-    bound = _consts(frozen.bound_graph())
+    bound = _consts(frozen.weights.bind(graph_def))
     assert bound.keys() == plain.keys()
     for name in stand_ins:
         np.testing.assert_array_equal(bound[name], plain[name])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,16 +63,18 @@ def find_tables(
             continue
         uses = uses_of(graph, node.name, squeezed[0])
         roles = {use.role for use in uses}
-        maybe_forced = bool(wanted)  # --table NAME: the readable name needs the value (its variable) first
-        if not maybe_forced and (not roles & {POSITION, RELATIVE} or roles & {LOOKUP, KERNEL}):
-            continue  # not read by position, or a vocabulary lookup or a weight: its value is never read
+        # Not read by position, or a vocabulary lookup or a weight: its value is never read, unless --table
+        # NAME may force it in (its readable name needs the value, to find its variable).
+        excluded = not roles & {POSITION, RELATIVE} or bool(roles & {LOOKUP, KERNEL})
+        if excluded and not wanted:
+            continue
         value = const_value(node)
         rows = value.reshape(-1, value.shape[-1])
         # At a fixed length the slice table[:T] is folded too: match leading rows to find the origin.
         variable = _origin(rows, variables)
         readable = variable or _scope_name(node.name, graph.consumers)
         forced = any(w in readable or w in node.name for w in wanted)
-        if not forced and (not roles & {POSITION, RELATIVE} or roles & {LOOKUP, KERNEL}):
+        if excluded and not forced:
             continue
         if not forced and np.unique(rows[: min(len(rows), 64)]).size <= 2:
             continue  # a 0/1 mask (causal or padding), not a table of positions
@@ -124,7 +127,7 @@ def table_dims(dims: list[int]) -> list[int] | None:
     return squeezed if length >= 3 and width >= 2 and length * width >= MIN_TABLE_ELEMENTS else None
 
 
-def _sinusoid_plus_variable(rows: np.ndarray, variables: dict[str, np.ndarray]) -> str | None:
+def _sinusoid_plus_variable(rows: np.ndarray, variables: dict[str, Any]) -> str | None:
     """A folded constant that is a sinusoid plus a scaled learned offset: "scale × variable", else None.
 
     Row 0 of a sinusoid is 0 (sine columns) or 1 (cosine columns), interleaved or in halves: that
@@ -132,12 +135,8 @@ def _sinusoid_plus_variable(rows: np.ndarray, variables: dict[str, np.ndarray]) 
     """
     length, width = rows.shape
     patterns = [np.tile([0.0, 1.0], width // 2), np.repeat([0.0, 1.0], width // 2)] if width % 2 == 0 else []
-    for name, candidate in variables.items():
-        shape = _shape_of(candidate)
-        if len(shape) < 2 or shape[-1] != width or int(np.prod(shape[:-1])) < length:
-            continue
-        array = _value_of(candidate)
-        offset = array.reshape(-1, width)[:length].astype(np.float64)
+    for name, table in _covering(rows, variables):
+        offset = table[:length].astype(np.float64)
         denominator = float(offset[0] @ offset[0])
         if denominator == 0.0:
             continue
@@ -189,24 +188,22 @@ def _readable(name: str) -> str:
 
 def _origin(rows: np.ndarray, candidates: dict[str, Any]) -> str | None:
     """The candidate whose leading rows are exactly ``rows`` ([L, d] or a folded slice of it)."""
-    for name, candidate in candidates.items():
-        shape = _shape_of(candidate)
-        if len(shape) < 2 or shape[-1] != rows.shape[1] or int(np.prod(shape[:-1])) < rows.shape[0]:
-            continue
-        table = _value_of(candidate)
-        table = table.reshape(-1, table.shape[-1])
+    for name, table in _covering(rows, candidates):
         if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):
             return name
     return None
 
 
-def _shape_of(candidate: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in candidate.shape)
-
-
-def _value_of(candidate: Any) -> np.ndarray:
-    """An array as it is; a TensorFlow variable's value (read now, not kept)."""
-    return candidate if isinstance(candidate, np.ndarray) else np.asarray(candidate.numpy())
+def _covering(rows: np.ndarray, candidates: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, value as [L, d]) of each candidate with ``rows``' width and at least its rows. A candidate is an
+    array or a TensorFlow variable: a variable's value is read only once its shape matches, and not kept."""
+    length, width = rows.shape
+    for name, candidate in candidates.items():
+        shape = tuple(int(d) for d in candidate.shape)
+        if len(shape) < 2 or shape[-1] != width or int(np.prod(shape[:-1])) < length:
+            continue
+        value = candidate if isinstance(candidate, np.ndarray) else np.asarray(candidate.numpy())
+        yield name, value.reshape(-1, width)
 
 
 def _masked_by(name: str, consumers: dict, nodes: dict, depth: int = 6) -> str | None:
