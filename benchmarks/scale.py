@@ -1,12 +1,16 @@
 """Export cost at the sizes users ship, side by side with the bare converters: wall time and the peak resident
 memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
 
-    python benchmarks/scale.py [--sizes minilm,base,large] [--formats tflite,onnx] [--int8] [--cap-gb 21]
+    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--cap-gb 21]
 
 Random-init keras-hub BertBackbones built in code (weights drawn from a seeded normal so no two are equal, as
 in a trained model): MiniLM-sized (6 layers, d=384), BERT-base (12, 768) and BERT-large (24, 1024) shapes, vocab
-30522, 512 positions. Each command runs in its own process; one that passes --cap-gb of process-tree memory is
-killed and shown as such (the machine would otherwise thrash for minutes). Every pe-export run verifies its file.
+30522, 512 positions; and xlmr-large, an XLMRobertaBackbone of XLM-R-large's shape (vocab 250002, 24 layers,
+d=1024: 2.24 GB of float32 weights, past the 2 GiB a TFLite flatbuffer or a protobuf holds). Each command runs in
+its own process; one that passes --cap-gb of process-tree memory is killed and shown as such (the machine would
+otherwise thrash for minutes). Every pe-export run verifies its file. The last column is the wall time against
+pe-export's own fp32 export of the same model and format (the int8 rows: dynamic-int8 as it is, and with a
+--min-cosine that every-weight-int8 misses, so the keep-float search runs).
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ SHAPES = {  # num_layers, hidden_dim, num_heads, intermediate_dim
     "base": (12, 768, 12, 3072),
     "large": (24, 1024, 16, 4096),
     "mid": (6, 512, 8, 2048),  # the size tests/test_scale.py holds to the memory bound
+    "xlmr-large": (24, 1024, 16, 4096),  # XLM-R-large: 560M parameters, 2.24 GB of float32, past 2 GiB
 }
 VOCAB, POSITIONS = 30522, 512
+FAMILY = {"xlmr-large": ("XLMRobertaBackbone", 250002)}  # size → (keras-hub class, vocabulary); else BERT
+STRICT_COSINE = 0.9999  # random-init BERT-base all-int8: 0.99965
 
 BUILD = """
 import sys
@@ -34,7 +41,7 @@ from pathlib import Path
 from tests.fixtures.keras_hub_models import export_random_bert
 layers, hidden, heads, ff, vocab, positions = (int(a) for a in sys.argv[2:8])
 export_random_bert(Path(sys.argv[1]), num_layers=layers, hidden_dim=hidden, num_heads=heads, intermediate_dim=ff,
-                   vocabulary_size=vocab, max_sequence_length=positions)
+                   vocabulary_size=vocab, max_sequence_length=positions, family=sys.argv[9])
 """
 REPO = Path(__file__).resolve().parents[1]
 BARE_TFLITE = """
@@ -99,7 +106,8 @@ def build(size: str, folder: Path) -> Path:
     path = folder / f"{size}_savedmodel"
     if not path.exists():
         layers, hidden, heads, ff = SHAPES[size]
-        args = [str(path), str(layers), str(hidden), str(heads), str(ff), str(VOCAB), str(POSITIONS), str(REPO)]
+        family, vocab = FAMILY.get(size, ("BertBackbone", VOCAB))
+        args = [str(path), str(layers), str(hidden), str(heads), str(ff), str(vocab), str(POSITIONS), str(REPO), family]
         subprocess.run([sys.executable, "-c", BUILD, *args], check=True, capture_output=True)
     return path
 
@@ -113,38 +121,61 @@ def rows_for(
     size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path
 ) -> list[list[str]]:
     rows = []
-    for mode in modes:
-        for file_format in formats:
-            target = out / f"{size}.{mode}.{file_format}"
+    for file_format in formats:
+        fp32: Measured | None = None
+        for mode in modes:
+            target = out / f"{size}.{mode.replace(' ', '_')}.{file_format}"
+            quantize = mode.split()[0]
             if file_format == "tflite":
-                bare = [sys.executable, "-c", BARE_TFLITE, str(saved_model), str(target) + ".bare", mode]
-            else:
-                if mode != "none":
-                    continue  # tf2onnx has no int8 of its own; onnxruntime's quantizer runs on its file
+                bare = [sys.executable, "-c", BARE_TFLITE, str(saved_model), str(target) + ".bare", quantize]
+            elif mode == "none":
                 bare = [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model)]
                 bare += ["--opset", "17", "--output", str(target) + ".bare"]
+            else:
+                bare = []  # tf2onnx has no int8 of its own; the ratio is to pe-export's own fp32 export
             ours = ["pe-export", file_format, str(saved_model), "-o", str(target), "--overwrite"]
             if mode != "none":
-                ours += ["--quantize", mode]
-            them, us = measure(bare, cap), measure(ours, cap)
-            ratio_t = f"{us.wall_s / them.wall_s:.2f}x" if not them.killed and not us.killed else "-"
-            ratio_m = f"{us.peak_bytes / them.peak_bytes:.2f}x" if not them.killed and not us.killed else "-"
-            bare_name = "TFLite converter" if file_format == "tflite" else "tf2onnx"
+                ours += ["--quantize", *mode.split()]
+            them = measure(bare, cap) if bare else None
+            us = measure(ours, cap)
+            fp32 = us if mode == "none" else fp32
             label = f"{file_format} {mode if mode != 'none' else 'fp32'}"
-            rows.append([size, label, bare_name, *them.cells(), *us.cells(), ratio_t, ratio_m])
+            rows.append([size, label, *_compared(them, us, file_format), _times_fp32(us, fp32)])
             print("  " + " | ".join(rows[-1]), flush=True)
     return rows
+
+
+def _compared(them: Measured | None, us: Measured, file_format: str) -> list[str]:
+    if them is None:
+        return ["-", "-", "-", *us.cells(), "-", "-"]
+    ok = not them.killed and not us.killed
+    ratio_t = f"{us.wall_s / them.wall_s:.2f}x" if ok else "-"
+    ratio_m = f"{us.peak_bytes / them.peak_bytes:.2f}x" if ok else "-"
+    bare_name = "TFLite converter" if file_format == "tflite" else "tf2onnx"
+    return [bare_name, *them.cells(), *us.cells(), ratio_t, ratio_m]
+
+
+def _times_fp32(us: Measured, fp32: Measured | None) -> str:
+    """The wall time against pe-export's own fp32 export of the same model and format."""
+    if fp32 is None or us is fp32 or fp32.killed or us.killed:
+        return "-"
+    return f"{us.wall_s / fp32.wall_s:.2f}x"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="minilm,base,large")
     parser.add_argument("--formats", default="tflite,onnx")
-    parser.add_argument("--int8", action="store_true", help="also --quantize dynamic-int8")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help=f"also --quantize dynamic-int8, plain and with --min-cosine {STRICT_COSINE} (a target all-int8 misses, "
+        "so the keep-float search runs)",
+    )
     parser.add_argument("--cap-gb", type=float, default=21.0)
     parser.add_argument("--work", type=Path, default=None, help="keep SavedModels here between runs")
     args = parser.parse_args()
-    modes = ["none", "dynamic-int8"] if args.int8 else ["none"]
+    modes = ["none", "dynamic-int8", f"dynamic-int8 --min-cosine {STRICT_COSINE}"] if args.int8 else ["none"]
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
@@ -154,6 +185,7 @@ def main() -> None:
             print(f"{size}: {SHAPES[size]} SavedModel variables {variables_mb(saved_model):,.0f} MB", flush=True)
             table += rows_for(size, saved_model, args.formats.split(","), modes, int(args.cap_gb * 1e9), work)
     header = ["model", "export", "bare", "bare wall", "bare peak", "pe-export wall", "pe-export peak", "time", "memory"]
+    header.append("x fp32 time")
     widths = [max(len(str(row[i])) for row in [header, *table]) for i in range(len(header))]
     for row in [header, *table]:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))

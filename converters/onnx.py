@@ -1,7 +1,12 @@
-"""SavedModel → .onnx bytes with tf2onnx (plus our handlers), validated and optionally quantized."""
+"""SavedModel → .onnx bytes with tf2onnx (plus our handlers), validated and optionally quantized.
+
+A model past protobuf's 2 GiB cannot be serialized to bytes (XLM-R-large: 2.2 GB of float32 weights): it is
+handed on as the ModelProto, and written with its weights as external data beside the file (``write_onnx``).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pe_export.converters.keep_float import JudgeFeeds
@@ -9,7 +14,7 @@ from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, rebu
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import ConversionError, missing_extra, one_line
+from pe_export.errors import BadInputError, ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
 from pe_export.native import capture_native_output
 from pe_export.savedmodel import FrozenSignature
@@ -27,6 +32,15 @@ def _import_tf2onnx() -> Any:
     return tf2onnx
 
 
+# protobuf's limit on one message, less room for the metadata embedded after conversion
+INLINE_LIMIT = 2**31 - 2**24
+
+
+def is_inline(model: Any) -> bool:
+    """Whether ``model`` fits in one protobuf message, weights included."""
+    return bool(model.ByteSize() <= INLINE_LIMIT)
+
+
 def convert_onnx(
     frozen: FrozenSignature,
     options: ExportOptions,
@@ -34,8 +48,10 @@ def convert_onnx(
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
-) -> tuple[bytes, str, list[str]]:
-    """Convert one signature at its input specs. Returns (serialized model, captured log, notes).
+) -> tuple[Any, str, list[str]]:
+    """Convert one signature at its input specs. Returns (serialized model, captured log, notes); a model
+    past 2 GiB comes as the ModelProto instead of bytes (checked before its weights are bound, and loaded by
+    onnxruntime only when it is verified: a session takes a file, not bytes, past 2 GiB).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     ``judge`` gives the inputs (and valid masks) that dynamic int8 must meet the export's tolerance on,
@@ -66,26 +82,20 @@ def convert_onnx(
     if failure is not None:
         first = one_line(failure)
         raise ConversionError(f"tf2onnx failed: {first}") from failure
+    large = frozen.weights.nbytes > INLINE_LIMIT
+    if large:  # onnx.checker takes no ModelProto past 2 GiB: check the graph while the weights are inputs
+        check_onnx_model(model, "tf2onnx output")
     bind_initializers(model, list(weights.values()), frozen.weights.value)
     folding = fold_shapes_of_initializers(model)
-    check_onnx_model(model, "tf2onnx output")
+    if not large:
+        check_onnx_model(model, "tf2onnx output")
     notes = []
     if folding.bytes_dropped:
         notes.append(
             f"{folding.shapes_folded} Shape op(s) of constants folded; {folding.initializers_dropped} constant(s) "
             f"that tf2onnx kept only for their shape dropped ({folding.bytes_dropped:,} B)"
         )
-    if options.quantize == "float16":
-        model = _to_float16(model)
-    elif options.quantize == "dynamic-int8":
-        model = _dynamic_int8(model, options, judge, notes)
-    elif options.quantize == "weight-int8":
-        model, count, replaced = weight_only_int8(model)
-        notes.append(
-            f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
-            "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
-            "memory after loading stay float32's"
-        )
+    model = _quantized(model, options, judge, notes)
     tables = len(prepared.replacements) if prepared is not None else 0
     rebuilt = tables > 0 and rebuild_tables_at_load(model, RUN_TIME_ZERO) > 0
     if rebuilt:
@@ -94,11 +104,28 @@ def convert_onnx(
             "folds the rebuild once when it creates the session (no per-call cost; with optimisations off it runs "
             "every call)"
         )
+    if not is_inline(model):
+        return model, log.text, notes
     if options.quantize != "none" or rebuilt:
         check_onnx_model(model, f"{options.quantize} model" if options.quantize != "none" else "table rebuild")
     data = model.SerializeToString()
     check_onnxruntime_loads(data)
     return data, log.text, notes
+
+
+def _quantized(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+    if options.quantize == "float16":
+        return _to_float16(model)
+    if options.quantize == "dynamic-int8":
+        return _dynamic_int8(model, options, judge, notes)
+    if options.quantize == "weight-int8":
+        model, count, replaced = weight_only_int8(model)
+        notes.append(
+            f"weight-int8: {count} weights stored as int8 with block scales ({replaced:,} B of float32 "
+            "replaced); onnxruntime dequantizes them when it loads the file, so compute, speed and "
+            "memory after loading stay float32's"
+        )
+    return model
 
 
 def check_onnxruntime_loads(data: bytes) -> None:
@@ -177,3 +204,31 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model
+
+
+def write_onnx(model: Any, path: Path, data_name: str) -> None:
+    """``model`` at ``path``, its initializers in ``data_name`` beside it (ONNX external data, one file, as
+    onnxruntime loads it); the ModelProto is left without their bytes."""
+    onnx = import_onnx()
+    try:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=1024,
+        )
+    except OSError as err:
+        raise BadInputError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def relocate_external_data(path: Path, data_name: str) -> None:
+    """Point the model at ``path`` to its external data under ``data_name`` (after the data file is renamed)."""
+    onnx = import_onnx()
+    model = onnx.load(str(path), load_external_data=False)
+    for initializer in model.graph.initializer:
+        for entry in initializer.external_data:
+            if entry.key == "location":
+                entry.value = data_name
+    path.write_bytes(model.SerializeToString())

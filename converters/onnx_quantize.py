@@ -19,8 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import KeepFloatOutcome, keep_float_to_target, with_single_rows
-from pe_export.converters.onnx_rewrites import gemms_to_matmuls
+from pe_export.converters.keep_float import (
+    KeepFloatOutcome,
+    Probe,
+    keep_float_to_target,
+    probe_rows,
+    with_single_rows,
+)
+from pe_export.converters.onnx_rewrites import drop_unread_initializers, gemms_to_matmuls, names_read_by
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.parity.tolerances import Tolerance
 
@@ -50,6 +56,16 @@ def weight_bytes(model: Any) -> dict[str, int]:
     return result
 
 
+def weight_kinds(model: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each quantizable node's op and weight shape: what places it in the model's repeated block."""
+    dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    return {
+        node.name: (node.op_type, dims.get(node.input[1] if node.op_type == "MatMul" else node.input[0], ()))
+        for node in model.graph.node
+        if node.op_type in QUANTIZED_OPS
+    }
+
+
 def quantize_to_target(
     model: Any,
     feeds: list[dict[str, np.ndarray]],
@@ -60,23 +76,41 @@ def quantize_to_target(
     prepared, steps = int8_ready(model)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
         return KeepFloatOutcome(_quantize(prepared, []), [], len(quantizable_nodes(prepared)), float("nan"), True)
+    batches = len(feeds)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     expected = _run(model, feeds)
     smoothed, smoothing = smooth_activations(prepared, feeds, _run)
     if smoothing.smoothed:
         steps.append(smoothing.note())
+    variants = QuantizedVariants(smoothed, _quantize(smoothed, []))
     outcome = keep_float_to_target(
         quantizable_nodes(smoothed),
         weight_bytes(smoothed),
-        lambda kept: _quantize(smoothed, kept),
+        variants.build,
         _run,
         feeds,
         masks,
         tolerance,
         expected,
+        weight_kinds(smoothed),
+        _probe(feeds, masks, expected, batches),
     )
     outcome.steps = steps
     return outcome
+
+
+def _probe(feeds: list[dict[str, np.ndarray]], masks: list[Any], expected: list[Any], batches: int) -> Probe | None:
+    """What keep_float measures places on: a few single rows (``probe_rows``), from those with_single_rows put
+    after the ``batches``; nothing where no batch was split."""
+    sizes = [next(iter(f.values())).shape[0] if f and np.ndim(next(iter(f.values()))) else 1 for f in feeds[:batches]]
+    first, start = {}, batches
+    for batch, rows in enumerate(sizes):
+        if rows > 1:
+            first[batch], start = start, start + rows
+    picked = [first[b] + r for b, r in probe_rows(sizes)]
+    if not picked:
+        return None
+    return [feeds[i] for i in picked], [masks[i] for i in picked], [expected[i] for i in picked]
 
 
 def int8_ready(model: Any) -> tuple[Any, list[str]]:
@@ -96,6 +130,53 @@ def int8_ready(model: Any) -> tuple[Any, list[str]]:
         prepared = onnx.load(str(folded))
     count = gemms_to_matmuls(prepared)
     return prepared, [f"{count} Gemm node(s) as MatMul, which has integer kernels"] if count else []
+
+
+class QuantizedVariants:
+    """The quantizer's all-int8 model, and from it the model with any nodes kept float: each kept node's
+    integer chain (the nodes the quantizer put between the float node's inputs and its output) replaced by
+    the float node, dead nodes and initializers dropped. The same graph as ``quantize_dynamic`` with
+    ``nodes_to_exclude`` writes (up to node order), without quantizing every weight again for each
+    variant: at BERT-base one quantizer call is 20 s, and the search asks for a dozen variants."""
+
+    def __init__(self, float_model: Any, quantized: Any) -> None:
+        self.float_model, self.quantized = float_model, quantized
+        self._float_nodes = {node.name: node for node in float_model.graph.node}
+        self._float_initializers = {init.name: init for init in float_model.graph.initializer}
+
+    def build(self, kept: list[str]) -> Any:
+        import onnx
+
+        if not kept:
+            return self.quantized
+        model = onnx.ModelProto()
+        model.CopyFrom(self.quantized)
+        graph = model.graph
+        producer = {output: index for index, node in enumerate(graph.node) for output in node.output}
+        present = {init.name for init in graph.initializer}
+        replaced: dict[int, Any] = {}
+        for name in kept:
+            node = self._float_nodes[name]
+            replaced[producer[node.output[0]]] = node  # the float node where its chain ended
+            for weight in node.input:
+                if weight in self._float_initializers and weight not in present:
+                    graph.initializer.append(self._float_initializers[weight])
+                    present.add(weight)
+        nodes = [replaced.get(index, node) for index, node in enumerate(graph.node)]
+        del graph.node[:]
+        graph.node.extend(_live(nodes, {output.name for output in graph.output}))
+        drop_unread_initializers(graph)
+        return model
+
+
+def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
+    """``nodes`` (topological order) without those whose outputs nothing reads."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(output in needed for output in node.output):
+            kept.append(node)
+            needed |= names_read_by([node])  # subgraphs' reads too
+    return kept[::-1]
 
 
 def _quantize(model: Any, excluded: list[str]) -> Any:

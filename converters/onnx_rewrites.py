@@ -52,10 +52,10 @@ def fold_shapes_of_initializers(model: Any) -> ShapeFolding:
 
 def _names_read(graph: Any) -> set[str]:
     """Every tensor name a node reads, in this graph and in the subgraphs of If/Loop/Scan nodes."""
-    return _names_read_by(graph.node)
+    return names_read_by(graph.node)
 
 
-def _names_read_by(nodes: Any) -> set[str]:
+def names_read_by(nodes: Any) -> set[str]:
     from onnx import AttributeProto
 
     names: set[str] = set()
@@ -147,7 +147,7 @@ def rebuild_tables_at_load(model: Any, zero_node: str) -> int:
     kept = [node for node in graph.node if id(node) not in drop]
     outputs = {value.name for value in graph.output}
     while True:  # the zero's own inputs (a reduction over a graph input) are read by nothing else now
-        read = _names_read_by(kept) | outputs
+        read = names_read_by(kept) | outputs
         live = [node for node in kept if any(name in read for name in node.output)]
         if len(live) == len(kept):
             break

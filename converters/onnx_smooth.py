@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8
+from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8, thinned
 
 LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range per tensor per call
 
@@ -48,9 +48,10 @@ def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any)
     for tensor, nodes in readers.items():
         joined = np.concatenate([numpy_helper.to_array(initializers[node.input[1]]) for node in nodes], axis=1)
         rows = [np.asarray(output[tensor], np.float32) for output in captured]
+        # each call's rows: one range per call, padding included (the runtime's range includes it)
         rows = [r.reshape(-1, r.shape[-1]) for r in rows if r.size]
         if rows and rows[0].shape[-1] == joined.shape[0]:
-            groups[tensor] = (rows, joined)
+            groups[tensor] = (thinned(rows), joined)
     scaled, smoothing = choose_scales(groups, _quantized_product, "MatMul")
     _rewrite(graph, readers, scaled, initializers)
     return smoothed, replace(smoothing, tensors=len(readers))

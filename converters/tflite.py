@@ -40,12 +40,13 @@ def convert_tflite(
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
-    preconverted: tuple[bytes, str] | None = None,
+    preconverted: tuple[bytes, str, bytes | None] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
-    ``preconverted`` is (flatbuffer, log) of the plain SavedModel conversion already made (converters/
-    tflite_child.py): it stands for the first conversion where that is the SavedModel as it is.
+    ``preconverted`` is (flatbuffer, log, float32 flatbuffer or None) of the plain SavedModel conversion already
+    made (converters/tflite_child.py): it stands for the first conversion where that is the SavedModel as it
+    is, and its float32 file for dynamic-int8's.
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     Where the converter needs a Flex op that builtins can do (FlexStridedSlice for axis-inserting
@@ -60,14 +61,17 @@ def convert_tflite(
         if feeds:
             from pe_export.converters.tflite_int8 import int8_to_target
 
-            float_file, _ = _convert(
-                source,
-                replace(options, quantize="none"),
-                None,
-                quiet=quiet,
-                allow_flex=not options.builtins_only,
-                graph=graph,
-            )
+            if preconverted is not None and data is preconverted[0] and preconverted[2] is not None:
+                float_file = preconverted[2]  # the child's, of the same conversion
+            else:
+                float_file, _ = _convert(
+                    source,
+                    replace(options, quantize="none"),
+                    None,
+                    quiet=quiet,
+                    allow_flex=not options.builtins_only,
+                    graph=graph,
+                )
             outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance)
             data = outcome.model
             notes = [*notes, *outcome.notes("int8 weights")]
@@ -79,7 +83,7 @@ def _convert_with_rewrites(
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     quiet: bool,
-    preconverted: tuple[bytes, str] | None = None,
+    preconverted: tuple[bytes, str, bytes | None] | None = None,
 ) -> tuple[bytes, str, list[str], Any | None]:
     """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
     loaded = source.loaded
@@ -87,7 +91,7 @@ def _convert_with_rewrites(
     fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables)
     try:
         if preconverted is not None and fast is None and source.converts_saved_model:
-            data, log = preconverted
+            data, log, _ = preconverted
         else:
             data, log = convert(allow_flex=not options.builtins_only, graph=fast)
         first_error: ConversionError | None = None

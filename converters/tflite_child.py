@@ -20,7 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-QUANTIZE_MODES = ("none", "float16")  # modes whose file is one conversion (the int8 ones calibrate or search)
+# Modes whose files are the converter's SavedModel conversions: dynamic-int8's search edits the converter's
+# dynamic-range file with the float32 file of the same graph beside it, both converted here (full int8 calibrates
+# on the loaded model's inputs, in-process).
+QUANTIZE_MODES = ("none", "float16", "dynamic-int8")
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,22 @@ class ChildConversion:
     data: bytes  # the flatbuffer, metadata already embedded
     signature: str  # the signature it converted (resolved as LoadedSavedModel.resolve_signature_name does)
     log: str
+    float_data: bytes | None = None  # dynamic-int8 with the float file asked for: the float32 conversion
 
 
 def convert_in_child(
-    saved_model: Path, signature: str | None, quantize: str, allow_flex: bool, digest: str, precision: str
+    saved_model: Path,
+    signature: str | None,
+    quantize: str,
+    allow_flex: bool,
+    digest: str,
+    precision: str,
+    *,
+    with_float: bool = False,
 ) -> ChildConversion | None:
     """The converted file, its provenance stamped with the signature the child resolved, or None where the child
-    failed: the in-process path then converts and reports."""
+    failed: the in-process path then converts and reports. ``with_float``: the float32 file of the same
+    conversion too (dynamic-int8's search reads it)."""
     with tempfile.TemporaryDirectory(prefix="pe-export-convert-") as scratch:
         request = Path(scratch) / "request.json"
         output = Path(scratch) / "model.tflite"
@@ -47,6 +59,7 @@ def convert_in_child(
                     "allow_flex": allow_flex,
                     "digest": digest,
                     "precision": precision,
+                    "with_float": with_float,
                     "output": str(output),
                 }
             )
@@ -60,7 +73,9 @@ def convert_in_child(
         if done.returncode != 0 or not output.is_file():
             return None
         answer = json.loads((Path(scratch) / "answer.json").read_text())
-        return ChildConversion(output.read_bytes(), str(answer["signature"]), done.stderr)
+        float_file = output.with_name("float.tflite")
+        float_data = float_file.read_bytes() if float_file.is_file() else None
+        return ChildConversion(output.read_bytes(), str(answer["signature"]), done.stderr, float_data)
 
 
 def _signature_key(saved_model: Path, asked: str | None) -> str:
@@ -85,14 +100,19 @@ def _main(request_path: Path) -> None:
     saved_model = Path(request["saved_model"])
     key = _signature_key(saved_model, request["signature"])
     tf = import_tensorflow()
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[key])
-    configure_converter(converter, request["quantize"], allow_flex=request["allow_flex"])
-    data = converter.convert()
-    del converter
-    provenance = provenance_entries(request["digest"], request["precision"], key)
-    data = embed_tflite_metadata(data, provenance, signature_key=key)
     output = Path(request["output"])
-    output.write_bytes(data)
+    modes = [request["quantize"]] + (["none"] if request.get("with_float") and request["quantize"] != "none" else [])
+    for mode in modes:
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[key])
+        configure_converter(converter, mode, allow_flex=request["allow_flex"])
+        data = converter.convert()
+        del converter
+        if mode != request["quantize"]:
+            output.with_name("float.tflite").write_bytes(data)
+            continue
+        provenance = provenance_entries(request["digest"], request["precision"], key)
+        output.write_bytes(embed_tflite_metadata(data, provenance, signature_key=key))
+        del data
     (output.parent / "answer.json").write_text(json.dumps({"signature": key}))
 
 

@@ -21,6 +21,8 @@ writes it; 0.99892 smoothed, every weight int8; 0.99914 asked for 0.999 (3 of 38
 from __future__ import annotations
 
 import importlib
+import itertools
+import os
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -29,14 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import KeepFloatOutcome, keep_float_to_target
-from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8
+from pe_export.converters.keep_float import KeepFloatOutcome, Probe, keep_float_to_target, probe_rows
+from pe_export.converters.smoothing import SMOOTHING_ROWS, Smoothing, choose_scales, per_channel_int8, thinned
 from pe_export.parity.tolerances import Tolerance
 
 # Builtin ops whose hybrid (int8 weight, float activation) kernels also run with a float32 weight.
 HYBRID_OPS = ("FULLY_CONNECTED", "BATCH_MATMUL", "CONV_2D", "DEPTHWISE_CONV_2D")
 WEIGHT_INPUT = 1
 ROW_LEVELS = 255  # the hybrid kernels' activations: int8, asymmetric, one range per row
+# The smoothing capture runs without a delegate and keeps every tensor: at BERT-base a row of 512 positions
+# takes 20 s. It stops once as many valid positions are in as the α search takes.
+CAPTURE_POSITIONS = SMOOTHING_ROWS
+RUN_THREADS = os.cpu_count() or 1  # the capture's and every candidate's runs (row results do not depend on it)
 WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel
 
 
@@ -125,16 +131,17 @@ class DynamicRangeFile:
                 groups[graph.tensors[int(weight.op.inputs[0])].name.decode()].append(name)
         return dict(groups)
 
-    def smooth(self, activations: dict[str, list[np.ndarray]]) -> Smoothing:
-        """In place: for each input tensor with activations, the α (0 = none) with the least simulated
-        error; a MUL by 1/s inserted before its FCs, their weights' columns times s, requantized."""
+    def smooth(self, activations: dict[str, np.ndarray]) -> Smoothing:
+        """In place: for each input tensor with activations (rows [n, inputs]), the α (0 = none) with the
+        least simulated error; a MUL by 1/s inserted before its FCs, their weights' columns times s,
+        requantized."""
         readers = self.smoothable()
         groups = {}
         for tensor, names in readers.items():
-            rows = [a.reshape(-1, a.shape[-1]) for a in activations.get(tensor, []) if a.size]
+            rows = activations.get(tensor)
             joined = np.concatenate([self.weights[n].values for n in names], axis=0).T  # [inputs, outputs]
-            if rows and rows[0].shape[-1] == joined.shape[0]:
-                groups[tensor] = (rows, joined)
+            if rows is not None and rows.size and rows.shape[-1] == joined.shape[0]:
+                groups[tensor] = (thinned([rows]), joined)  # each row its own range: one call stands for all
         chosen, smoothing = choose_scales(groups, _row_quantized_product, "FULLY_CONNECTED")
         for tensor, scale in chosen.items():
             self._insert_mul(tensor, scale, readers[tensor])
@@ -238,7 +245,7 @@ def int8_to_target(
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         folder = Path(work)
         expected = _run(float_file, feeds, folder)
-        smoothing = edited.smooth(_captured(float_file, feeds, list(edited.smoothable()), folder))
+        smoothing = edited.smooth(_captured(float_file, feeds, masks, list(edited.smoothable()), folder))
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
         outcome = keep_float_to_target(
             list(edited.weights),
@@ -249,10 +256,34 @@ def int8_to_target(
             masks,
             tolerance,
             expected,
+            {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
+            _probe(edited, feeds, masks, folder, float_file),
         )
     if smoothing.smoothed:
         outcome.steps.append(smoothing.note())
     return outcome
+
+
+def _probe(
+    edited: DynamicRangeFile,
+    feeds: list[dict[str, np.ndarray]],
+    masks: list[np.ndarray | None],
+    folder: Path,
+    float_file: bytes,
+) -> Probe | None:
+    """A few of the feeds' rows alone (``probe_rows``) and the float file's outputs on them, where the batch
+    axis is dynamic (a hybrid kernel's row does not depend on the rows beside it)."""
+    graph = edited.float_model.subgraphs[0]
+    signatures = [graph.tensors[int(i)].shapeSignature for i in graph.inputs]
+    if not all(s is not None and len(s) and int(s[0]) == -1 for s in signatures):
+        return None
+    sizes = [min((v.shape[0] if np.ndim(v) else 1 for v in feed.values()), default=1) for feed in feeds]
+    picked = probe_rows(sizes)
+    if not picked:
+        return None
+    rows = [{k: v[r : r + 1] for k, v in feeds[b].items()} for b, r in picked]
+    valid = [None if masks[b] is None else masks[b][r : r + 1] for b, r in picked]
+    return rows, valid, _run(float_file, rows, folder)
 
 
 def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -267,9 +298,14 @@ def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def _captured(
-    data: bytes, feeds: list[dict[str, np.ndarray]], names: list[str], folder: Path
-) -> dict[str, list[np.ndarray]]:
-    """The named tensors of the float32 file on every feed (no delegate: it would keep them internal)."""
+    data: bytes, feeds: list[dict[str, np.ndarray]], masks: list[np.ndarray | None], names: list[str], folder: Path
+) -> dict[str, np.ndarray]:
+    """The named tensors of the float32 file (no delegate: it would keep them internal), as rows [n, channels]
+    of valid positions only (padding never sets a range: each row is its own range here), on the feeds'
+    rows taken in turn until
+    ``CAPTURE_POSITIONS`` valid positions are in. A batch that may be split runs one row at a time: the
+    interpreter keeps every intermediate tensor, attention scores included (BERT-base at 512 positions,
+    4 rows at once: gigabytes)."""
     from pe_export.native import capture_native_output
     from pe_export.runners import create_runner
 
@@ -280,19 +316,39 @@ def _captured(
     with capture_native_output():
         interpreter = interpreter_class(
             model_path=str(path),
-            num_threads=1,
+            num_threads=RUN_THREADS,
             experimental_preserve_all_tensors=True,
             experimental_op_resolver_type=_no_delegates(interpreter_class),
         )
     indices = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
     runner = interpreter.get_signature_runner()
-    inputs = set(runner.get_input_details())
-    result: dict[str, list[np.ndarray]] = {name: [] for name in names if name in indices}
-    for feed in feeds:
-        runner(**{k: v for k, v in feed.items() if k in inputs})
-        for name in result:
-            result[name].append(np.array(interpreter.get_tensor(indices[name])))
-    return result
+    details = runner.get_input_details()
+    splittable = all(len(d["shape_signature"]) and d["shape_signature"][0] == -1 for d in details.values())
+    gathered: dict[str, list[np.ndarray]] = {name: [] for name in names if name in indices}
+    calls = []  # (feed, row or None for the whole feed), the feeds' rows interleaved: variety first
+    for feed, mask in zip(feeds, masks, strict=True):
+        given = {k: v for k, v in feed.items() if k in details}
+        rows = next(iter(given.values())).shape[0] if given and splittable else 0
+        calls.append([(given, mask, row) for row in range(rows)] if rows else [(given, mask, None)])
+    positions = 0
+    for given, mask, row in (call for group in itertools.zip_longest(*calls) for call in group if call):
+        if positions >= CAPTURE_POSITIONS:
+            break
+        fed = given if row is None else {k: v[row : row + 1] for k, v in given.items()}
+        runner(**fed)
+        valid = mask if row is None or mask is None else mask[row : row + 1]
+        positions += int(np.sum(valid)) if valid is not None else next(iter(fed.values()), np.zeros(1)).size
+        for name in gathered:
+            gathered[name].append(_valid_rows(interpreter.get_tensor(indices[name]), valid))
+    return {name: np.concatenate(parts) for name, parts in gathered.items()}
+
+
+def _valid_rows(tensor: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """``tensor`` [..., channels] as rows, those of padding positions left out where the shape says which."""
+    rows = np.array(tensor, np.float32).reshape(-1, tensor.shape[-1])
+    if valid is not None and valid.size == rows.shape[0]:
+        rows = rows[np.asarray(valid, bool).reshape(-1)]
+    return rows
 
 
 def _no_delegates(interpreter_class: Any) -> Any:
@@ -305,7 +361,7 @@ def _run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[
 
     path = folder / "candidate.tflite"
     path.write_bytes(data)
-    with create_runner(_runtime(path), path, threads=1) as runner:
+    with create_runner(_runtime(path), path, threads=RUN_THREADS) as runner:
         inputs = {spec.name for spec in runner.input_specs()}
         return [runner.infer({k: v for k, v in feed.items() if k in inputs}) for feed in feeds]
 

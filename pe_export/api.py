@@ -18,7 +18,7 @@ from pe_export.constants import (
 )
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
-from pe_export.fileio import check_output_path, publish, staged_file, write_staged
+from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
@@ -107,12 +107,14 @@ def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, 
 def _export(
     file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions, quiet: bool
 ) -> ExportReport:
+    from pe_export.memory import check_before_work
     from pe_export.sources import model_source
 
     output = default_output_path(given, file_format) if output is None else Path(output)
     options.validate(file_format)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
+        check_before_work(file_format, source.saved_model, options.quantize, options.force)
         report = _judged_by_accuracy(export, source, output, options, quiet)
     report.source = Path(given)
     return report
@@ -193,7 +195,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             quiet=quiet,
             prepared=prepared,
             judge=job.judge_feeds if options.verify else None,
-            preconverted=(early.data, early.log) if early is not None and prepared is None else None,
+            preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
         ),
     )
     if early is None or data is not early.data:  # the child's file has its metadata already
@@ -203,22 +205,37 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     return _finish(job, data, summary, log, notes)
 
 
-def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
-    """The plain TFLite conversion in a child, before this process loads the model (converters/tflite_child.py):
-    where the export keeps the SavedModel's signature as it is and the file is one conversion. None otherwise."""
-    from pe_export.converters.tflite_child import QUANTIZE_MODES, convert_in_child
+def converts_in_child(options: ExportOptions) -> bool:
+    """Whether the TFLite file is converted in a child before this process loads the model (converters/
+    tflite_child.py): where the export keeps the SavedModel's signature as it is and the file is one conversion."""
+    from pe_export.converters.tflite_child import QUANTIZE_MODES
 
     tables, shapes = options.tables, (options.seq_len, options.batch)
-    if options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq:
+    return not (
+        options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq
+    )
+
+
+def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
+    """The child's conversion where ``converts_in_child``, else None."""
+    from pe_export.converters.tflite_child import convert_in_child
+
+    if not converts_in_child(options):
         return None
     allow_flex = not options.builtins_only
     return convert_in_child(
-        source.saved_model, options.signature, options.quantize, allow_flex, source.digest, options.precision
+        source.saved_model,
+        options.signature,
+        options.quantize,
+        allow_flex,
+        source.digest,
+        options.precision,
+        with_float=options.quantize == "dynamic-int8" and options.verify,
     )
 
 
 def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    from pe_export.converters.onnx import convert_onnx
+    from pe_export.converters.onnx import convert_onnx, is_inline
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", source, Path(output), options)
@@ -229,10 +246,13 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             job.frozen, options, quiet=quiet, prepared=prepared, judge=job.judge_feeds if options.verify else None
         ),
     )
-    model = import_onnx().load_from_string(data)
+    model = import_onnx().load_from_string(data) if isinstance(data, bytes) else data
     embed_onnx_metadata(model, job.provenance)
-    data = model.SerializeToString()
-    summary = summarize_onnx_model(model, Path(output), len(data))
+    if is_inline(model):
+        data = model.SerializeToString()
+        summary = summarize_onnx_model(model, Path(output), len(data))
+    else:  # past 2 GiB: written with external data (converters/onnx.py)
+        data, summary = model, summarize_onnx_model(model, Path(output), model.ByteSize())
     return _finish(job, data, summary, log, notes)
 
 
@@ -244,15 +264,20 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
     if job.rewritten is None or tables.method != "auto" or tables.max_len is not None:
         return data, log, notes  # a method asked by name, or --max-len (rows the plain file lacks)
     plain, plain_log, plain_notes = convert(None)
-    if len(plain) > len(data):
+    if _payload_bytes(plain) > _payload_bytes(data):
         return data, log, notes
     assert job.prepared is not None
     job.prepared.results = [result.kept("the rebuild made the file larger") for result in job.prepared.results]
     note = (
-        f"--compress: with the tables rebuilt the file was {len(data):,} B, plain {len(plain):,} B (the rebuild's "
-        "ops outweigh the table bytes saved): the plain file is written"
+        f"--compress: with the tables rebuilt the file was {_payload_bytes(data):,} B, plain "
+        f"{_payload_bytes(plain):,} B (the rebuild's ops outweigh the table bytes saved): the plain file is written"
     )
     return plain, plain_log, [*plain_notes, note]
+
+
+def _payload_bytes(data: Any) -> int:
+    """A converted file's size: its bytes, or a ModelProto past 2 GiB (written with external data)."""
+    return len(data) if isinstance(data, bytes) else int(data.ByteSize())
 
 
 @dataclass
@@ -338,11 +363,6 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
     saved_model = source.saved_model  # options and output path were checked once, in _export
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(options.signature)
-    if not options.force:
-        from pe_export.memory import check_fits, weight_bytes
-
-        variables = list(getattr(loaded.obj, "variables", []))
-        check_fits(weight_bytes(variables), file_format, options.quantize)  # before any freezing
     model_specs = signature_input_specs(signature)
     specs = options.export_specs(model_specs)
     signature_name = loaded.resolve_signature_name(options.signature)
@@ -442,8 +462,12 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
         tables=job.prepared.results if job.prepared else [],
         notes=notes or [],
     )
-    with staged_file(job.output) as staged:
-        write_staged(staged, data, job.output)
+    inline = isinstance(data, bytes)
+    with staged_file(job.output) if inline else staged_in_folder(job.output) as staged:
+        if inline:
+            write_staged(staged, data, job.output)
+        else:
+            _write_external(data, staged, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
         raise_if_interrupted()  # never publish after a Ctrl-C, even one a finalizer swallowed
@@ -451,10 +475,34 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
             report.written = False
             if job.options.keep_failed:
                 report.kept_failed = failed_output_path(job.output)
-                publish(staged, report.kept_failed, overwrite=True)
+                _publish(staged, report.kept_failed, inline, overwrite=True)
             return report
-        publish(staged, job.output, overwrite=job.options.overwrite)
+        _publish(staged, job.output, inline, overwrite=job.options.overwrite)
     return report
+
+
+def external_data_name(output: Path) -> str:
+    """The file beside an ONNX model past 2 GiB that holds its weights: ``<model>.onnx.data``."""
+    return f"{Path(output).name}.data"
+
+
+def _write_external(model: Any, staged: Path, output: Path) -> None:
+    from pe_export.converters.onnx import write_onnx
+
+    write_onnx(model, staged, external_data_name(output))
+
+
+def _publish(staged: Path, path: Path, inline: bool, *, overwrite: bool) -> None:
+    """The staged file at ``path``; a model with external data brings its data file first (its name follows
+    the model's, so the model is pointed at it anew where the name changed)."""
+    if not inline:
+        from pe_export.converters.onnx import relocate_external_data
+
+        staged_data = staged.parent / external_data_name(staged)
+        publish(staged_data, path.parent / external_data_name(path), overwrite=overwrite)
+        if path.name != staged.name:
+            relocate_external_data(staged, external_data_name(path))
+    publish(staged, path, overwrite=overwrite)
 
 
 def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:

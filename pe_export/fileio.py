@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,21 @@ def staged_file(path: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
+
+
+@contextlib.contextmanager
+def staged_in_folder(path: Path) -> Iterator[Path]:
+    """``path``'s name in a temporary folder beside it, for a file that brings files of its own (ONNX
+    external data, found by a name relative to the model): removed, with all in it, unless published."""
+    path = Path(path)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", suffix=".partial", dir=path.parent))
+    except OSError as err:
+        raise BadInputError(f"cannot write {path}: {err.strerror or err}") from err
+    try:
+        yield folder / path.name
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_staged(temp: Path, data: bytes, path: Path) -> None:

@@ -1,6 +1,6 @@
-"""Will the export fit? The peak memory an export needs, estimated from the model's weight bytes once it is loaded
-(loading takes about twice the weights, far below an export's peak) and before any freezing or conversion,
-against what the machine has available: a machine too small gets one line, not the kernel's `Killed`.
+"""Will the export fit? The peak memory an export needs, estimated from the model's weight bytes as saved_model.pb
+lists them, before anything is loaded or converted, against what the machine has available: a machine too small
+gets one line, not the kernel's `Killed`. The same count refuses a TFLite file past the flatbuffer's 2 GiB.
 
 The factors come from benchmarks/scale.py (process-tree peak over weight bytes, every file verified, 2-core x86):
 BERT-base shape (438 MB of float32 weights) peaked at 4.1 GB for TFLite and 4.5 GB for ONNX, BERT-large (1.34 GB)
@@ -19,6 +19,11 @@ from pe_export.errors import BadInputError
 FIXED_BYTES = 1_000_000_000  # TensorFlow, the converter and a runtime loaded, before any weight
 PEAK_PER_WEIGHT_BYTE = {"tflite": 8.0, "onnx": 9.0}
 QUANTIZED_EXTRA = 1.0  # dynamic int8: the float file's conversion, once more the weights
+TFLITE_MAX_BYTES = 2**31 - 1  # flatbuffers use 32-bit signed offsets
+# The largest file a mode writes per float32 weight byte: dynamic-int8's search reads the float32 file of
+# the same graph beside its int8 one.
+TFLITE_BYTES_PER_WEIGHT_BYTE = {"none": 1.0, "float16": 0.5, "dynamic-int8": 1.0, "int8": 0.25}
+ONNX_BYTES_PER_MESSAGE = 2**31 - 2**24  # protobuf's 2 GiB, as converters/onnx.py keeps to it
 _GB = 1e9
 
 
@@ -31,6 +36,43 @@ class MemoryEstimate:
     @property
     def fits(self) -> bool:
         return self.available_bytes is None or self.needed_bytes <= self.available_bytes
+
+
+def saved_weight_bytes(saved_model: Path) -> int:
+    """Bytes of the SavedModel's variables from its object graph (no value read, no TensorFlow imported), each
+    counted once: a Keras export lists every variable twice (BERT-base: 435 entries, 876 MB, of 236 variables,
+    438 MB), so entries of the same name, dtype and shape count once."""
+    from pe_export.saved_variables import saved_variables
+
+    seen = {(v.name, v.dtype, v.shape): v.nbytes for v in saved_variables(saved_model)}
+    return sum(seen.values())
+
+
+def check_tflite_size(weights: int, quantize: str) -> None:
+    """Refuse, in one line, a TFLite file its format cannot hold: a flatbuffer addresses at most 2 GiB."""
+    stored = int(weights * TFLITE_BYTES_PER_WEIGHT_BYTE.get(quantize, 1.0))
+    if stored <= TFLITE_MAX_BYTES:
+        return
+    smaller = [q for q, f in TFLITE_BYTES_PER_WEIGHT_BYTE.items() if weights * f <= TFLITE_MAX_BYTES]
+    instead = f"pass --quantize {' or '.join(smaller)}, or " if smaller else ""
+    what = {"none": "a float32 TFLite file", "dynamic-int8": "the float32 TFLite file dynamic-int8 converts beside"}
+    raise BadInputError(
+        f"this model's weights come to {stored / 2**30:.2f} GiB in {what.get(quantize, f'a {quantize} TFLite file')} "
+        f"and a TFLite flatbuffer holds at most 2 GiB; {instead}export ONNX (`pe-export onnx`), which stores weights "
+        "past 2 GiB as external data beside the file"
+    )
+
+
+def check_onnx_size(weights: int, quantize: str) -> None:
+    """Refuse, in one line, the one ONNX mode that cannot go past 2 GiB: dynamic-int8's search runs the float
+    model from bytes in onnxruntime. Float32, float16 and weight-int8 files go past it with external data."""
+    if quantize != "dynamic-int8" or weights <= ONNX_BYTES_PER_MESSAGE:
+        return
+    raise BadInputError(
+        f"this model's weights come to {weights / 2**30:.2f} GiB of float32 and --quantize dynamic-int8 for ONNX "
+        "works on models up to 2 GiB; pass --quantize weight-int8 or float16, or export the float32 model (its "
+        "weights go to external data beside the file)"
+    )
 
 
 def weight_bytes(variables: list[Any]) -> int:
@@ -78,3 +120,12 @@ def check_fits(weights: int, file_format: str, quantize: str, *, available: int 
         f"({found.weight_bytes / 1e6:,.0f} MB of weights) and {found.available_bytes / _GB:.1f} GB is available; "
         f"free memory or use a bigger machine, try `pe-export {other}`, or pass --force to try anyway"
     )
+
+
+def check_before_work(file_format: str, saved_model: Path, quantize: str, force: bool) -> None:
+    """What the model's size rules out, from saved_model.pb alone, before anything is loaded or converted: a
+    file its format cannot hold, and (unless ``force``) a machine whose memory the export would exhaust."""
+    weights = saved_weight_bytes(saved_model)
+    (check_tflite_size if file_format == "tflite" else check_onnx_size)(weights, quantize)
+    if not force:
+        check_fits(weights, file_format, quantize)

@@ -43,3 +43,62 @@ def test_cli_refuses_a_machine_too_small_and_force_goes_through(
     forced = run_cli(capfd, file_format, saved_model("encoder_dynamic"), "-o", out, "--force")
     assert forced.exit_code == 0, forced.stderr
     assert out.exists()
+
+
+def test_weights_counted_from_saved_model_pb_as_loaded(tmp_path: Path) -> None:
+    """The count before loading equals the loaded model's variable bytes (each variable once), though
+    a Keras export lists every variable twice in its object graph."""
+    from pe_export.memory import saved_weight_bytes, weight_bytes
+    from pe_export.savedmodel import load_savedmodel
+    from tests.fixtures.keras_hub_models import export_random_bert
+
+    path = export_random_bert(tmp_path / "bert", num_layers=2, hidden_dim=64, vocabulary_size=700)
+    loaded = load_savedmodel(path)
+    expected = weight_bytes(list(loaded.obj.variables))
+    assert expected > 700 * 64 * 4  # the token table alone
+    assert saved_weight_bytes(path) == expected
+
+
+def test_weights_counted_without_importing_tensorflow(saved_model) -> None:
+    """The plain TFLite path converts in a child; TensorFlow imported in the parent first would add to the peak."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pathlib import Path; from pe_export.memory import saved_weight_bytes; "
+        f"print(saved_weight_bytes(Path({str(saved_model('encoder_dynamic'))!r}))); "
+        "print('tensorflow' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    count, imported = done.stdout.split()
+    assert int(count) > 0 and imported == "False"
+
+
+def test_tflite_past_two_gib_is_refused_with_the_ways_through() -> None:
+    from pe_export.errors import BadInputError
+    from pe_export.memory import TFLITE_MAX_BYTES, check_tflite_size
+
+    xlm_r_large = 2_240_000_000  # 560M float32 parameters
+    with pytest.raises(BadInputError) as raised:
+        check_tflite_size(xlm_r_large, "none")
+    message = str(raised.value)
+    assert "\n" not in message
+    for fragment in ("2.09 GiB", "at most 2 GiB", "--quantize float16 or int8", "pe-export onnx"):
+        assert fragment in message
+    check_tflite_size(xlm_r_large, "float16")  # 1.04 GiB: quiet
+    check_tflite_size(TFLITE_MAX_BYTES, "none")
+    with pytest.raises(BadInputError, match="export ONNX"):
+        check_tflite_size(4 * TFLITE_MAX_BYTES + 8, "float16")
+    with pytest.raises(BadInputError, match="float32 TFLite file dynamic-int8 converts"):
+        check_tflite_size(xlm_r_large, "dynamic-int8")
+
+
+def test_onnx_past_two_gib_refuses_only_the_int8_search() -> None:
+    from pe_export.errors import BadInputError
+    from pe_export.memory import check_onnx_size
+
+    for quantize in ("none", "float16", "weight-int8"):
+        check_onnx_size(2_240_000_000, quantize)
+    check_onnx_size(10**9, "dynamic-int8")
+    with pytest.raises(BadInputError, match="--quantize weight-int8 or float16"):
+        check_onnx_size(2_240_000_000, "dynamic-int8")

@@ -43,3 +43,32 @@ def test_weight_only_int8_shrinks_the_file_and_keeps_float_arithmetic(saved_mode
     onnx = import_onnx()
     ops = {node.op_type for node in onnx.load(str(tmp_path / "w8.onnx")).graph.node}
     assert "MatMulInteger" not in ops and "DynamicQuantizeLinear" not in ops  # no integer kernels: float compute
+
+
+def test_variants_from_one_quantization_equal_the_quantizers_own(saved_model, tmp_path: Path) -> None:
+    """A node kept float by editing the all-int8 model computes what quantize_dynamic's nodes_to_exclude
+    writes, run in onnxruntime; every node kept float is the float model."""
+    import numpy as np
+    import onnx
+
+    from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
+
+    export_onnx(saved_model("encoder_dynamic"), tmp_path / "fp32.onnx", ExportOptions())
+    prepared, _ = int8_ready(onnx.load(str(tmp_path / "fp32.onnx")))
+    nodes = quantizable_nodes(prepared)
+    variants = QuantizedVariants(prepared, _quantize(prepared, []))
+    feeds = [
+        {i.name: np.ones([2, 16], np.int32) for i in prepared.graph.input},
+        {i.name: np.arange(32, dtype=np.int32).reshape(2, 16) % 7 for i in prepared.graph.input},
+    ]
+    for kept in (nodes[:1], nodes[1::2], nodes[-2:]):
+        edited, own = _run(variants.build(kept), feeds), _run(_quantize(prepared, kept), feeds)
+        for got, want in zip(edited, own, strict=True):
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+    as_float, reference = _run(variants.build(nodes), feeds), _run(prepared, feeds)
+    for got, want in zip(as_float, reference, strict=True):
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+    integer = {"MatMulInteger", "DynamicQuantizeLinear"}
+    assert not any(node.op_type in integer for node in variants.build(nodes).graph.node)

@@ -82,7 +82,8 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
     float_file, quantized = outlier_files
     edited = DynamicRangeFile(quantized, float_file)
     assert sorted(len(names) for names in edited.smoothable().values()) == [1, 2]  # x read twice, relu(y) once
-    smoothing = edited.smooth(_captured(float_file, feeds(6), list(edited.smoothable()), tmp_path))
+    given = feeds(6)
+    smoothing = edited.smooth(_captured(float_file, given, [None] * len(given), list(edited.smoothable()), tmp_path))
     held_out = feeds(7)
     reference = run(float_file, held_out, tmp_path)
     plain = relative_error(run(quantized, held_out, tmp_path), reference)
@@ -92,6 +93,35 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
     assert smooth < 0.5 * plain
     # Smoothed and every weight back in float32: the float file's arithmetic (x/s · s·W).
     assert relative_error(run(edited.build(list(edited.weights)), held_out, tmp_path), reference) < 1e-10
+
+
+def test_smoothing_sees_valid_rows_only(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    """Padding rows (here 100x larger) never reach the ranges the α is chosen by."""
+    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
+
+    float_file, quantized = outlier_files
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(300, 64)).astype(np.float32)
+    valid = np.ones(x.shape[0], bool)
+    valid[::3] = False
+    x[~valid] *= 100.0
+    names = list(DynamicRangeFile(quantized, float_file).smoothable())
+    captured = _captured(float_file, [{"x": x}], [valid], names, tmp_path)
+    np.testing.assert_array_equal(captured[next(n for n in names if captured[n].shape[-1] == 64)], x[valid])
+
+
+def test_thinned_rows_keep_every_range() -> None:
+    """Rows past SMOOTHING_ROWS are thinned; the channel maxima and each call's extremes are all rows'."""
+    from pe_export.converters.smoothing import SMOOTHING_ROWS, thinned
+
+    rng = np.random.default_rng(12)
+    calls = [rng.normal(size=(3 * SMOOTHING_ROWS, 64)).astype(np.float32) for _ in range(2)]
+    calls[1][1234, 7] = 50.0  # an outlier the even spread would skip
+    kept = thinned(calls)
+    assert sum(r.shape[0] for r in kept.rows) <= SMOOTHING_ROWS + 4
+    np.testing.assert_array_equal(kept.channel_max, np.abs(np.concatenate(calls)).max(axis=0))
+    for rows, whole in zip(kept.rows, calls, strict=True):
+        assert rows.max() == whole.max() and rows.min() == whole.min()
 
 
 def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""The keep-float search measures a repeated block's weights one place at a time: the places found from the
+graph's order, and a real multi-layer encoder brought to a strict target in fewer quantized files than one
+per weight, each run in the installed runtime."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from pe_export.api import export_onnx, export_tflite
+from pe_export.converters.keep_float import repeated_places
+from pe_export.converters.options import ExportOptions
+from pe_export.errors import ExitCode
+from tests.fixtures.keras_hub_models import export_random_bert
+
+LAYERS = 4
+
+
+def test_places_are_the_offsets_of_the_repeated_block() -> None:
+    block = ["q", "k", "v", "o", "ff_in", "ff_out"]
+    kinds = {"table": "gather", "pooler": "dense"}
+    names = ["table"]
+    for layer in range(3):
+        for role in block:
+            names.append(f"{layer}/{role}")
+            kinds[names[-1]] = "square" if role in ("q", "k", "v", "o") else role
+    names.append("pooler")
+    places = repeated_places(names, kinds)
+    assert sorted(places) == sorted(
+        [[f"{layer}/{role}" for layer in range(3)] for role in block] + [["table"], ["pooler"]]
+    )
+
+
+def test_without_a_repeat_every_weight_is_its_own_place() -> None:
+    names = ["a", "b", "c", "d"]
+    assert repeated_places(names, {"a": 1, "b": 2, "c": 3, "d": 4}) == [["a"], ["b"], ["c"], ["d"]]
+    # one repeat of a two-weight pattern is not a block: it needs the pattern twice over, as here
+    assert repeated_places(["x", "a", "b", "a2", "b2"], {"x": 0, "a": 1, "b": 2, "a2": 1, "b2": 2}) == [
+        ["a", "a2"],
+        ["b", "b2"],
+        ["x"],
+    ]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_random_bert(
+        tmp_path_factory.mktemp("keep_float") / "bert", num_layers=LAYERS, hidden_dim=64, intermediate_dim=256
+    )
+
+
+@pytest.mark.parametrize("file_format", ["tflite", "onnx"])
+def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_format: str, tmp_path: Path) -> None:
+    export = export_tflite if file_format == "tflite" else export_onnx
+    what = "int8 weights" if file_format == "tflite" else "quantizable nodes"
+    default = export(encoder, tmp_path / f"default.{file_format}", ExportOptions(quantize="dynamic-int8"))
+    assert default.parity is not None and default.parity.min_cosine < 1 - 1e-7
+    target = 1 - (1 - default.parity.min_cosine) / 3  # one the default misses whatever the init
+    strict = export(
+        encoder, tmp_path / f"strict.{file_format}", ExportOptions(quantize="dynamic-int8", min_cosine=target)
+    )
+    note = next(n for n in strict.notes if n.startswith("int8:"))
+    print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
+    found = re.search(rf"(\d+) of (\d+) {what} kept in float.*; (\d+) quantized files tried", note)
+    assert found, note
+    kept, candidates, files = (int(g) for g in found.groups())
+    assert strict.exit_code == ExitCode.OK and strict.parity is not None and strict.parity.min_cosine >= target
+    assert 1 <= kept < candidates and candidates >= 6 * LAYERS
+    # all-int8, one per place (6 in the block, the rest alone), then the bisection over the ranking
+    places = 6 + (candidates - 6 * LAYERS)
+    assert files <= 1 + places + math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates
