@@ -148,7 +148,7 @@ def rows_for(
 def _compared(them: Measured | None, us: Measured, file_format: str) -> list[str]:
     if them is None:
         return ["-", "-", "-", *us.cells(), "-", "-"]
-    ok = not them.killed and not us.killed
+    ok = them.returncode == 0 and us.returncode == 0
     ratio_t = f"{us.wall_s / them.wall_s:.2f}x" if ok else "-"
     ratio_m = f"{us.peak_bytes / them.peak_bytes:.2f}x" if ok else "-"
     bare_name = "TFLite converter" if file_format == "tflite" else "tf2onnx"
@@ -157,7 +157,7 @@ def _compared(them: Measured | None, us: Measured, file_format: str) -> list[str
 
 def _times_fp32(us: Measured, fp32: Measured | None) -> str:
     """The wall time against pe-export's own fp32 export of the same model and format."""
-    if fp32 is None or us is fp32 or fp32.killed or us.killed:
+    if fp32 is None or us is fp32 or fp32.returncode or us.returncode:
         return "-"
     return f"{us.wall_s / fp32.wall_s:.2f}x"
 

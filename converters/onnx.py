@@ -38,7 +38,14 @@ INLINE_LIMIT = 2**31 - 2**24
 
 def is_inline(model: Any) -> bool:
     """Whether ``model`` fits in one protobuf message, weights included."""
-    return bool(model.ByteSize() <= INLINE_LIMIT)
+    return model_bytes(model) <= INLINE_LIMIT
+
+
+def model_bytes(model: Any) -> int:
+    """``model``'s serialized size, counted part by part: protobuf's ByteSize itself fails past 2 GiB."""
+    graph = model.graph
+    parts = [*graph.initializer, *graph.node, *graph.input, *graph.output, *graph.value_info, *model.metadata_props]
+    return sum(int(part.ByteSize()) for part in parts) + 2**16  # + names, opsets, framing
 
 
 def convert_onnx(

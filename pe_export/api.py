@@ -235,7 +235,7 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
 
 
 def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    from pe_export.converters.onnx import convert_onnx, is_inline
+    from pe_export.converters.onnx import convert_onnx, is_inline, model_bytes
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", source, Path(output), options)
@@ -252,7 +252,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
         data = model.SerializeToString()
         summary = summarize_onnx_model(model, Path(output), len(data))
     else:  # past 2 GiB: written with external data (converters/onnx.py)
-        data, summary = model, summarize_onnx_model(model, Path(output), model.ByteSize())
+        data, summary = model, summarize_onnx_model(model, Path(output), model_bytes(model))
     return _finish(job, data, summary, log, notes)
 
 
@@ -277,7 +277,9 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
 
 def _payload_bytes(data: Any) -> int:
     """A converted file's size: its bytes, or a ModelProto past 2 GiB (written with external data)."""
-    return len(data) if isinstance(data, bytes) else int(data.ByteSize())
+    from pe_export.converters.onnx import model_bytes
+
+    return len(data) if isinstance(data, bytes) else model_bytes(data)
 
 
 @dataclass
