@@ -110,23 +110,39 @@ def keep_float_to_target(
     # Keep float first where it buys the most accuracy per byte: a 47 MB embedding table kept float
     # costs what a dozen feed-forward kernels do.
     ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(sizes.get(n, 1), 1))
-    low, high = 0, len(ranked)  # keeping `high` weights in float passes (all float does); find the fewest
-    best: tuple[int, tuple[Any, float, bool]] | None = None
-    while low < high:
-        middle = (low + high) // 2
-        trial = judge(ranked[:middle])
-        if trial[2]:
-            high, best = middle, (middle, trial)
-        else:
-            low = middle + 1
-    if best is None:  # only every weight in float passes: nothing is left quantized, and the note says so
-        count, (model, cosine, passed) = len(ranked), judge(ranked)
-    else:
-        count, (model, cosine, passed) = best
+    trials: dict[int, tuple[Any, float, bool]] = {}
+
+    def on_all(count: int) -> bool:
+        trials[count] = judge(ranked[:count])
+        return trials[count][2]
+
+    # The probe's feeds are among ``feeds`` (TFLite: rows that compute alone as in their batch; ONNX: single-row
+    # feeds themselves), so a count that fails on them fails on all: bisect on the probe first, then take the
+    # verdicts on all from its count up (often one file).
+    low = 0 if probe is None else _fewest(0, len(ranked), lambda count: judge(ranked[:count], probe)[2])
+    count = _fewest(low, len(ranked), on_all, first=low if probe is not None else None)
+    # only every weight in float passes: nothing is left quantized, and the note says so
+    model, cosine, passed = trials[count] if count in trials else judge(ranked)
     outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:count], cosine, passed
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
     outcome.runs = runs
     return outcome
+
+
+def _fewest(low: int, high: int, passes: Callable[[int], bool], first: int | None = None) -> int:
+    """The smallest count in [low, high] that ``passes`` (``high`` is taken to pass untried), by bisection;
+    ``first`` is tried first."""
+    if first is not None and low <= first < high:
+        if passes(first):
+            return first
+        low = first + 1
+    while low < high:
+        middle = (low + high) // 2
+        if passes(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def repeated_places(candidates: list[str], kinds: dict[str, Hashable]) -> list[list[str]]:

@@ -114,7 +114,8 @@ def _export(
     options.validate(file_format)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
-        check_before_work(file_format, source.saved_model, options.quantize, options.force)
+        plain = file_format == "tflite" and converts_in_child(options)
+        check_before_work(file_format, source.saved_model, options.quantize, options.force, converter_layout=plain)
         report = _judged_by_accuracy(export, source, output, options, quiet)
     report.source = Path(given)
     return report

@@ -48,18 +48,22 @@ def saved_weight_bytes(saved_model: Path) -> int:
     return sum(seen.values())
 
 
-def check_tflite_size(weights: int, quantize: str) -> None:
-    """Refuse, in one line, a TFLite file its format cannot hold: a flatbuffer addresses at most 2 GiB."""
+def check_tflite_size(weights: int, quantize: str, *, converter_layout: bool = False) -> None:
+    """Refuse, in one line, a TFLite file pe-export cannot write: past 2 GiB a flatbuffer cannot address its
+    buffers. The converter's own SavedModel conversion (``converter_layout``: plain float32 or float16, no
+    rewrites) stores them after the flatbuffer by offset (TF 2.21 writes XLM-R-large's 2.24 GB that way and
+    LiteRT runs it); every other path (rewritten graphs, dynamic-int8's float file) holds them inside."""
     stored = int(weights * TFLITE_BYTES_PER_WEIGHT_BYTE.get(quantize, 1.0))
-    if stored <= TFLITE_MAX_BYTES:
+    if stored <= TFLITE_MAX_BYTES or (converter_layout and quantize in ("none", "float16")):
         return
     smaller = [q for q, f in TFLITE_BYTES_PER_WEIGHT_BYTE.items() if weights * f <= TFLITE_MAX_BYTES]
-    instead = f"pass --quantize {' or '.join(smaller)}, or " if smaller else ""
+    instead = f"pass --quantize {' or '.join(smaller)}, " if smaller else ""
     what = {"none": "a float32 TFLite file", "dynamic-int8": "the float32 TFLite file dynamic-int8 converts beside"}
     raise BadInputError(
         f"this model's weights come to {stored / 2**30:.2f} GiB in {what.get(quantize, f'a {quantize} TFLite file')} "
-        f"and a TFLite flatbuffer holds at most 2 GiB; {instead}export ONNX (`pe-export onnx`), which stores weights "
-        "past 2 GiB as external data beside the file"
+        "and past 2 GiB pe-export writes only the converter's own float32 conversion (no --seq-len, --batch, "
+        f"--dynamic-seq or table rewrites); {instead}drop those options, or export ONNX (`pe-export onnx`), which "
+        "stores weights past 2 GiB as external data beside the file"
     )
 
 
@@ -122,10 +126,15 @@ def check_fits(weights: int, file_format: str, quantize: str, *, available: int 
     )
 
 
-def check_before_work(file_format: str, saved_model: Path, quantize: str, force: bool) -> None:
+def check_before_work(
+    file_format: str, saved_model: Path, quantize: str, force: bool, *, converter_layout: bool = False
+) -> None:
     """What the model's size rules out, from saved_model.pb alone, before anything is loaded or converted: a
     file its format cannot hold, and (unless ``force``) a machine whose memory the export would exhaust."""
     weights = saved_weight_bytes(saved_model)
-    (check_tflite_size if file_format == "tflite" else check_onnx_size)(weights, quantize)
+    if file_format == "tflite":
+        check_tflite_size(weights, quantize, converter_layout=converter_layout)
+    else:
+        check_onnx_size(weights, quantize)
     if not force:
         check_fits(weights, file_format, quantize)

@@ -42,7 +42,19 @@ def embed_tflite_metadata(data: bytes, entries: dict[str, str], signature_key: s
         metadata.name = name
         metadata.buffer = len(model.buffers) - 1
         model.metadata.append(metadata)
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    outside = [b for b in model.buffers if (b.offset or 0) > 1 and (b.size or 0) > 0]
+    if not outside:
+        return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    # A file past 2 GiB in the converter's large-model layout: constant buffers stored after the flatbuffer and
+    # found by their offset from the start of the file. The flatbuffer grows by the entries; the data after it
+    # moves with it, its alignment (modulo 4 KiB) kept, and every offset with it.
+    start = min(int(b.offset) for b in outside)
+    packed = flatbuffer_utils.convert_object_to_bytearray(model)  # offsets are fixed-width: moving keeps the size
+    moved = len(packed) + (start - len(packed)) % 4096
+    for buffer in outside:
+        buffer.offset = int(buffer.offset) + moved - start
+    packed = flatbuffer_utils.convert_object_to_bytearray(model)
+    return b"".join([bytes(packed), bytes(moved - len(packed)), memoryview(data)[start:]])
 
 
 def embed_onnx_metadata(model: Any, entries: dict[str, str]) -> None:

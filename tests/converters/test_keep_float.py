@@ -69,6 +69,7 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     kept, candidates, files = (int(g) for g in found.groups())
     assert strict.exit_code == ExitCode.OK and strict.parity is not None and strict.parity.min_cosine >= target
     assert 1 <= kept < candidates and candidates >= 6 * LAYERS
-    # all-int8, one per place (6 in the block, the rest alone), then the bisection over the ranking
+    # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking (on the probe,
+    # then on every input from the probe's count up)
     places = 6 + (candidates - 6 * LAYERS)
-    assert files <= 1 + places + math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates
+    assert files <= 1 + places + 2 * math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates

@@ -1,0 +1,50 @@
+"""Provenance stamped into a TFLite file in the converter's large-model layout (past 2 GiB: constant buffers
+after the flatbuffer, found by offset), which the converter writes for a small model too when asked
+(``_experimental_use_buffer_offset``): the file still runs, computes the same, and reads back its entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pe_export.inspection.tflite_file import summarize_tflite_bytes
+from pe_export.inspection.tflite_metadata import tflite_metadata
+from pe_export.provenance import embed_tflite_metadata
+
+
+def _converted(saved_model: Path, offsets: bool) -> bytes:
+    from pe_export.native import import_tensorflow
+
+    tf = import_tensorflow()
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+    converter._experimental_use_buffer_offset = offsets
+    return bytes(converter.convert())
+
+
+def _outputs(path: Path) -> dict[str, np.ndarray]:
+    from pe_export.inputs import generate_inputs
+    from pe_export.runners import create_runner
+
+    with create_runner("litert", path) as runner:
+        return runner.infer(generate_inputs(runner.input_specs(), {}, batch=2, seq_len=8, seed=0, padded=True))
+
+
+def test_entries_stamped_into_the_offset_layout(saved_model, tmp_path: Path) -> None:
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = saved_model("encoder_dynamic")
+    plain, offsets = _converted(model, False), _converted(model, True)
+    layout = flatbuffer_utils.convert_bytearray_to_object(bytearray(offsets))
+    assert any((b.offset or 0) > 1 for b in layout.buffers)  # the layout under test, not the usual one
+    stamped = embed_tflite_metadata(offsets, {"pe_export.check": "stamped"})
+    for name, data in (("plain", plain), ("offsets", offsets), ("stamped", stamped)):
+        (tmp_path / f"{name}.tflite").write_bytes(data)
+    assert tflite_metadata(tmp_path / "stamped.tflite")["pe_export.check"] == "stamped"
+    want, got = _outputs(tmp_path / "plain.tflite"), _outputs(tmp_path / "stamped.tflite")
+    for name, values in want.items():
+        np.testing.assert_array_equal(got[name], values)
+    sizes = [
+        sum(c.nbytes for c in summarize_tflite_bytes(d, tmp_path / "x.tflite").constants) for d in (plain, stamped)
+    ]
+    assert sizes[0] == sizes[1] > 0
