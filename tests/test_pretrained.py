@@ -73,18 +73,19 @@ def test_tflite_precisions_and_compression_keep_the_sentences(
 def test_tflite_int8_meets_the_accuracy_asked_for(
     minilm, fp32_tflite: tuple[int, float], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """The converter's dynamic-range file has sentence cosine 0.99838; smoothed, every weight int8, 0.9989;
-    asked for 0.999, the few most sensitive weights go back to float32."""
+    """The converter's dynamic-range file has sentence cosine 0.99838; smoothed on the sentences' valid
+    positions, every weight int8, 0.99905; asked for 0.9993, the few most sensitive weights go back to float32."""
     fp32 = fp32_tflite[0]
     int8, int8_cosine, out = export(capfd, minilm, "tflite", tmp_path / "int8.tflite", "--quantize", "dynamic-int8")
     assert "activations smoothed into the weights" in out and "all 38 int8 weights quantized" in out
     assert int8 <= 0.27 * fp32 and int8_cosine >= 0.998
+    assert int8_cosine < 0.9993  # what the strict target must correct
     strict, strict_cosine, strict_out = export(
-        capfd, minilm, "tflite", tmp_path / "strict.tflite", "--quantize", "dynamic-int8", "--min-cosine", "0.999"
+        capfd, minilm, "tflite", tmp_path / "strict.tflite", "--quantize", "dynamic-int8", "--min-cosine", "0.9993"
     )
     kept = re.search(r"(\d+) of 38 int8 weights kept in float", strict_out)
     assert kept and 1 <= int(kept[1]) <= 8, strict_out[-3000:]
-    assert strict <= 0.45 * fp32 and strict_cosine >= 0.999
+    assert strict <= 0.45 * fp32 and strict_cosine >= 0.9993
 
 
 def test_onnx_int8_and_compression(minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
