@@ -44,7 +44,8 @@ class KeepFloatOutcome:
     candidates: int = 0  # weights that could be quantized
     cosine: float = 1.0  # worst output cosine of the result against the float model
     passed: bool = True  # the result meets the target on the judging inputs
-    sensitivity: dict[str, float] = field(default_factory=dict)  # weight → its op's relative int8 error
+    # weight → 1 - cosine with its place quantized alone (the rest float), shared among the place's weights
+    sensitivity: dict[str, float] = field(default_factory=dict)
     runs: int = 0  # quantized files built and run by the search
     float_bytes: int = 0  # bytes the kept weights cost over int8 (4 B a value instead of 1)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
@@ -175,6 +176,12 @@ def repeated_places(candidates: list[str], kinds: dict[str, Hashable]) -> list[l
     return list(places.values()) + singles
 
 
+def batch_rows(feed: dict[str, np.ndarray]) -> int:
+    """Rows in a feed's batch (its first input's leading axis; 1 for a scalar or an empty feed)."""
+    first = next(iter(feed.values()), None)
+    return int(first.shape[0]) if first is not None and np.ndim(first) else 1
+
+
 def probe_rows(batch_rows: list[int], limit: int = PROBE_ROWS) -> list[tuple[int, int]]:
     """(batch, row) of at most ``limit`` single rows to measure places on, taken from the batches in turn
     (batches of one are left out: a probe is rows to spare)."""
@@ -189,7 +196,7 @@ def with_single_rows(feeds: Feeds, masks: Masks) -> tuple[Feeds, Masks]:
     on 8 sentences both in one batch and one by one erred 0.53 (one element of 51,072) in batches of 4."""
     all_feeds, all_masks = list(feeds), list(masks)
     for feed, mask in zip(feeds, masks, strict=True):
-        rows = next(iter(feed.values())).shape[0] if feed and np.ndim(next(iter(feed.values()))) else 1
+        rows = batch_rows(feed)
         if rows < 2:
             continue
         for row in range(rows):

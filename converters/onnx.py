@@ -16,6 +16,7 @@ from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
+from pe_export.memory import ONNX_BYTES_PER_MESSAGE
 from pe_export.native import capture_native_output
 from pe_export.savedmodel import FrozenSignature
 from pe_export.tables.graph import RUN_TIME_ZERO
@@ -32,8 +33,7 @@ def _import_tf2onnx() -> Any:
     return tf2onnx
 
 
-# protobuf's limit on one message, less room for the metadata embedded after conversion
-INLINE_LIMIT = 2**31 - 2**24
+INLINE_LIMIT = ONNX_BYTES_PER_MESSAGE  # the size checks' limit (pe_export/memory.py): one protobuf message
 
 
 def is_inline(model: Any) -> bool:

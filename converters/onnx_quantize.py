@@ -22,6 +22,7 @@ import numpy as np
 from pe_export.converters.keep_float import (
     KeepFloatOutcome,
     Probe,
+    batch_rows,
     keep_float_to_target,
     probe_rows,
     with_single_rows,
@@ -102,7 +103,7 @@ def quantize_to_target(
 def _probe(feeds: list[dict[str, np.ndarray]], masks: list[Any], expected: list[Any], batches: int) -> Probe | None:
     """What keep_float measures places on: a few single rows (``probe_rows``), from those with_single_rows put
     after the ``batches``; nothing where no batch was split."""
-    sizes = [next(iter(f.values())).shape[0] if f and np.ndim(next(iter(f.values()))) else 1 for f in feeds[:batches]]
+    sizes = [batch_rows(feed) for feed in feeds[:batches]]
     first, start = {}, batches
     for batch, rows in enumerate(sizes):
         if rows > 1:

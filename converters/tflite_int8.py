@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import KeepFloatOutcome, Probe, keep_float_to_target, probe_rows
+from pe_export.converters.keep_float import KeepFloatOutcome, Probe, batch_rows, keep_float_to_target, probe_rows
 from pe_export.converters.smoothing import SMOOTHING_ROWS, Smoothing, choose_scales, per_channel_int8, thinned
 from pe_export.parity.tolerances import Tolerance
 
@@ -277,7 +277,7 @@ def _probe(
     signatures = [graph.tensors[int(i)].shapeSignature for i in graph.inputs]
     if not all(s is not None and len(s) and int(s[0]) == -1 for s in signatures):
         return None
-    sizes = [min((v.shape[0] if np.ndim(v) else 1 for v in feed.values()), default=1) for feed in feeds]
+    sizes = [batch_rows(feed) for feed in feeds]
     picked = probe_rows(sizes)
     if not picked:
         return None
@@ -302,10 +302,9 @@ def _captured(
 ) -> dict[str, np.ndarray]:
     """The named tensors of the float32 file (no delegate: it would keep them internal), as rows [n, channels]
     of valid positions only (padding never sets a range: each row is its own range here), on the feeds'
-    rows taken in turn until
-    ``CAPTURE_POSITIONS`` valid positions are in. A batch that may be split runs one row at a time: the
-    interpreter keeps every intermediate tensor, attention scores included (BERT-base at 512 positions,
-    4 rows at once: gigabytes)."""
+    rows taken in turn until ``CAPTURE_POSITIONS`` valid positions are in. A batch that may be split runs one
+    row at a time: the interpreter keeps every intermediate tensor, attention scores included (BERT-base at
+    512 positions, 4 rows at once: gigabytes)."""
     from pe_export.native import capture_native_output
     from pe_export.runners import create_runner
 

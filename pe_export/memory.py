@@ -23,7 +23,7 @@ TFLITE_MAX_BYTES = 2**31 - 1  # flatbuffers use 32-bit signed offsets
 # The largest file a mode writes per float32 weight byte: dynamic-int8's search reads the float32 file of
 # the same graph beside its int8 one.
 TFLITE_BYTES_PER_WEIGHT_BYTE = {"none": 1.0, "float16": 0.5, "dynamic-int8": 1.0, "int8": 0.25}
-ONNX_BYTES_PER_MESSAGE = 2**31 - 2**24  # protobuf's 2 GiB, as converters/onnx.py keeps to it
+ONNX_BYTES_PER_MESSAGE = 2**31 - 2**24  # protobuf's 2 GiB, less room for metadata embedded later
 _GB = 1e9
 
 
