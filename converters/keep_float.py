@@ -30,11 +30,13 @@ from pe_export.parity.tolerances import Tolerance
 
 Feeds = list[dict[str, np.ndarray]]
 Masks = list[np.ndarray | None]
+Outputs = list[dict[str, np.ndarray]]
 Build = Callable[[list[str]], Any]
-Run = Callable[[Any, Feeds], list[dict[str, np.ndarray]]]
-JudgeFeeds = Callable[[], tuple[Feeds, Masks]]
-Probe = tuple[Feeds, Masks, list[dict[str, np.ndarray]]]  # feeds, their masks, the float model's outputs
-PROBE_ROWS = 2  # single rows the places are measured on
+Run = Callable[[Any, Feeds], Outputs]
+JudgeFeeds = Callable[[], tuple[Feeds, Masks]]  # the export's judging inputs and their valid masks, on demand
+Unit = tuple[int, int | None]  # (feed, row of it alone) or (feed, None): the whole feed
+Score = tuple[bool, float]  # (within the tolerance, worst cosine): sorted, failing and lowest first
+PROBE_ROWS = 2  # single rows the places are measured on, at first
 
 
 @dataclass
@@ -47,6 +49,7 @@ class KeepFloatOutcome:
     # weight → 1 - cosine with its place quantized alone (the rest float), shared among the place's weights
     sensitivity: dict[str, float] = field(default_factory=dict)
     runs: int = 0  # quantized files built and run by the search
+    verdicts: int = 0  # of which run on every judging input (the others on the probe's few rows)
     float_bytes: int = 0  # bytes the kept weights cost over int8 (4 B a value instead of 1)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
 
@@ -62,8 +65,52 @@ class KeepFloatOutcome:
         return [
             f"int8: {before}{len(self.kept_float)} of {self.candidates} {what} kept in float, the most sensitive "
             f"per weight byte first ({names}; +{self.float_bytes:,} B over int8; {self.runs} quantized files "
-            f"tried); worst cosine {self.cosine:.6f} against the float model, which {verdict} the target"
+            f"tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model, "
+            f"which {verdict} the target"
         ]
+
+
+@dataclass
+class Judging:
+    """What every candidate is judged on: ``feeds`` and their valid ``masks``, ``expected`` (the float model's
+    outputs on them), and whether each row of a batch computes alone as it does in its batch (``rows_alone``:
+    TFLite's hybrid kernels over a dynamic batch axis), so that a row can be run by itself in the probe. Where
+    it does not (onnxruntime's one range per call), the format adds the batches' rows as feeds of their own."""
+
+    feeds: Feeds
+    masks: Masks
+    expected: Outputs
+    rows_alone: bool = False
+
+    def units(self) -> list[Unit]:
+        """What a verdict is scored on, one score each: the feeds, or their rows where rows compute alone."""
+        units: list[Unit] = []
+        for index, (feed, want) in enumerate(zip(self.feeds, self.expected, strict=True)):
+            rows = batch_rows(feed)
+            split = self.rows_alone and all(np.ndim(v) and v.shape[0] == rows for v in want.values())
+            units.extend([(index, row) for row in range(rows)] if split else [(index, None)])
+        return units
+
+    def single(self, unit: Unit) -> bool:
+        return unit[1] is not None or batch_rows(self.feeds[unit[0]]) == 1
+
+    def of(self, units: list[Unit]) -> tuple[Feeds, Masks, Outputs]:
+        """Feeds, valid masks and expected outputs of ``units``, each unit a feed of its own."""
+        parts = [self.part(self.feeds, unit) for unit in units]
+        return [p[0] for p in parts], [p[2] for p in parts], [p[1] for p in parts]
+
+    def part(self, outputs: Feeds | Outputs, unit: Unit) -> tuple[dict, dict, np.ndarray | None]:
+        """``unit``'s slice of ``outputs`` (one entry per feed, or the feeds themselves), its expected
+        outputs and its valid mask."""
+        index, row = unit
+        got, want, mask = outputs[index], self.expected[index], self.masks[index]
+        if row is None:
+            return got, want, mask
+        return (
+            {k: v[row : row + 1] for k, v in got.items()},
+            {k: v[row : row + 1] for k, v in want.items()},
+            None if mask is None else mask[row : row + 1],
+        )
 
 
 def keep_float_to_target(
@@ -71,72 +118,83 @@ def keep_float_to_target(
     sizes: dict[str, int],
     build: Build,
     run: Run,
-    feeds: Feeds,
-    masks: Masks,
+    judging: Judging,
     tolerance: Tolerance,
-    expected: list[dict[str, np.ndarray]],
     kinds: dict[str, Hashable],
-    probe: Probe | None = None,
 ) -> KeepFloatOutcome:
-    """The quantized model with the fewest weights in float that meets ``tolerance`` against
-    ``expected`` (the float model's outputs on ``feeds``); every weight in float when nothing else does.
-    ``candidates`` are in graph order; ``kinds`` gives each one's op and shape (``repeated_places``).
-    ``probe`` (feeds, masks, the float model's outputs on them), a few single rows, is what the places are
-    measured on: a ranking needs less than a verdict (BERT-base: 8 rows of 512 positions, 6 s a file), and
-    every verdict is still taken on all of ``feeds``."""
-    runs = 0
+    """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
+    model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
+    ``kinds`` gives each one's op and shape (``repeated_places``).
 
-    def judge(kept: list[str], on: Probe | None = None) -> tuple[Any, float, bool]:
-        nonlocal runs
+    A verdict on every input is costly (BERT-base: 8 rows of 512 positions, 6 s a file), a ranking needs less:
+    places are measured, and counts bisected, on a probe: the ``PROBE_ROWS`` single rows (or feeds) that the
+    all-int8 model got worst. A count that fails on the probe fails on every input (its rows are among them,
+    scored alike), so the count the probe finds goes to a verdict; where that fails, the unit it failed worst on
+    joins the probe and the bisection goes on above that count. The worst rows stay the worst as weights go
+    back to float: on BERT-base one or two verdicts, where a probe of the first rows took five."""
+    runs = verdicts = 0
+    units = judging.units()
+
+    def judge(kept: list[str], probe: list[Unit] | None = None) -> tuple[Any, float, bool, dict[Unit, Score]]:
+        """The model with ``kept`` in float, its worst cosine and verdict on every input (or on the probe's
+        units), and each unit's score."""
+        nonlocal runs, verdicts
         raise_if_interrupted()
         runs += 1
         model = build(kept)
-        worst, ok = 1.0, True
-        given, valid, wanted = on or (feeds, masks, expected)
-        for got, want, mask in zip(run(model, given), wanted, valid, strict=True):
-            for name in want:
-                metrics = compare_output(name, got[name], want[name], tolerance, mask)
-                pooled = 1.0 if metrics.pooled_cosine is None else metrics.pooled_cosine
-                worst, ok = min(worst, metrics.cosine, pooled), ok and metrics.within_tolerance
-        return model, worst, ok
+        if probe is not None:
+            feeds, masks, expected = judging.of(probe)
+            got = run(model, feeds)
+            scores = {u: _score(g, w, m, tolerance) for u, g, m, w in zip(probe, got, masks, expected, strict=True)}
+            return model, min(c for _, c in scores.values()), all(ok for ok, _ in scores.values()), scores
+        verdicts += 1
+        outputs = run(model, judging.feeds)
+        feed_scores = [_score(*judging.part(outputs, (index, None)), tolerance) for index in range(len(outputs))]
+        scores = {unit: _score(*judging.part(outputs, unit), tolerance) for unit in units}
+        return model, min(c for _, c in feed_scores), all(ok for ok, _ in feed_scores), scores
 
-    model, cosine, passed = judge([])
-    outcome = KeepFloatOutcome(model, [], len(candidates), cosine, passed, runs=runs)
+    model, cosine, passed, scores = judge([])
+    outcome = KeepFloatOutcome(model, [], len(candidates), cosine, passed, runs=runs, verdicts=verdicts)
     if passed or not candidates:
         return outcome
+    singles = [unit for unit in units if judging.single(unit)] or units
+    probe = sorted(singles, key=lambda unit: scores[unit])[:PROBE_ROWS]  # failing first, then the lowest cosine
     for place in repeated_places(candidates, kinds):  # each place's share of the error: quantized alone
-        _, alone, _ = judge([other for other in candidates if other not in place], probe)
+        _, alone, _, _ = judge([other for other in candidates if other not in place], probe)
         for name in place:
             outcome.sensitivity[name] = (1.0 - alone) / len(place)
     # Keep float first where it buys the most accuracy per byte: a 47 MB embedding table kept float
     # costs what a dozen feed-forward kernels do.
     ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(sizes.get(n, 1), 1))
-    trials: dict[int, tuple[Any, float, bool]] = {}
-
-    def on_all(count: int) -> bool:
-        trials[count] = judge(ranked[:count])
-        return trials[count][2]
-
-    # The probe's feeds are among ``feeds`` (TFLite: rows that compute alone as in their batch; ONNX: single-row
-    # feeds themselves), so a count that fails on them fails on all: bisect on the probe first, then take the
-    # verdicts on all from its count up (often one file).
-    low = 0 if probe is None else _fewest(0, len(ranked), lambda count: judge(ranked[:count], probe)[2])
-    count = _fewest(low, len(ranked), on_all, first=low if probe is not None else None)
-    # only every weight in float passes: nothing is left quantized, and the note says so
-    model, cosine, passed = trials[count] if count in trials else judge(ranked)
-    outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:count], cosine, passed
+    low, chosen = 0, None
+    while chosen is None:
+        count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])
+        model, cosine, passed, scores = judge(ranked[:count])  # every weight in float: the note says so
+        if passed or count == len(ranked):
+            chosen = count
+            continue
+        rest = [unit for unit in units if unit not in probe]
+        if rest:
+            probe.append(min(rest, key=lambda unit: scores[unit]))
+        low = count + 1
+    outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:chosen], cosine, passed
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
-    outcome.runs = runs
+    outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
 
 
-def _fewest(low: int, high: int, passes: Callable[[int], bool], first: int | None = None) -> int:
-    """The smallest count in [low, high] that ``passes`` (``high`` is taken to pass untried), by bisection;
-    ``first`` is tried first."""
-    if first is not None and low <= first < high:
-        if passes(first):
-            return first
-        low = first + 1
+def _score(got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance) -> Score:
+    """(verdict, worst cosine) of one feed's outputs: the cosine of each output and of its mean-pooled rows."""
+    worst, ok = 1.0, True
+    for name in want:
+        metrics = compare_output(name, got[name], want[name], tolerance, mask)
+        pooled = 1.0 if metrics.pooled_cosine is None else metrics.pooled_cosine
+        worst, ok = min(worst, metrics.cosine, pooled), ok and metrics.within_tolerance
+    return ok, worst
+
+
+def _fewest(low: int, high: int, passes: Callable[[int], bool]) -> int:
+    """The smallest count in [low, high] that ``passes`` (``high`` is taken to pass untried), by bisection."""
     while low < high:
         middle = (low + high) // 2
         if passes(middle):
@@ -180,13 +238,6 @@ def batch_rows(feed: dict[str, np.ndarray]) -> int:
     """Rows in a feed's batch (its first input's leading axis; 1 for a scalar or an empty feed)."""
     first = next(iter(feed.values()), None)
     return int(first.shape[0]) if first is not None and np.ndim(first) else 1
-
-
-def probe_rows(batch_rows: list[int], limit: int = PROBE_ROWS) -> list[tuple[int, int]]:
-    """(batch, row) of at most ``limit`` single rows to measure places on, taken from the batches in turn
-    (batches of one are left out: a probe is rows to spare)."""
-    order = [(b, r) for r in range(max(batch_rows, default=0)) for b, n in enumerate(batch_rows) if n > 1 and r < n]
-    return order[:limit]
 
 
 def with_single_rows(feeds: Feeds, masks: Masks) -> tuple[Feeds, Masks]:

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import (
-    KeepFloatOutcome,
-    Probe,
-    batch_rows,
-    keep_float_to_target,
-    probe_rows,
-    with_single_rows,
-)
+from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target, with_single_rows
 from pe_export.converters.onnx_rewrites import drop_unread_initializers, gemms_to_matmuls, names_read_by
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.parity.tolerances import Tolerance
@@ -77,10 +71,10 @@ def quantize_to_target(
     prepared, steps = int8_ready(model)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
         return KeepFloatOutcome(_quantize(prepared, []), [], len(quantizable_nodes(prepared)), float("nan"), True)
-    batches = len(feeds)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
-    expected = _run(model, feeds)
-    smoothed, smoothing = smooth_activations(prepared, feeds, _run)
+    # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
+    # with onnxruntime's basic optimizations applied, which every session applies anyway
+    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output)
     if smoothing.smoothed:
         steps.append(smoothing.note())
     variants = QuantizedVariants(smoothed, _quantize(smoothed, []))
@@ -89,29 +83,12 @@ def quantize_to_target(
         weight_bytes(smoothed),
         variants.build,
         _run,
-        feeds,
-        masks,
+        Judging(feeds, masks, expected),
         tolerance,
-        expected,
         weight_kinds(smoothed),
-        _probe(feeds, masks, expected, batches),
     )
     outcome.steps = steps
     return outcome
-
-
-def _probe(feeds: list[dict[str, np.ndarray]], masks: list[Any], expected: list[Any], batches: int) -> Probe | None:
-    """What keep_float measures places on: a few single rows (``probe_rows``), from those with_single_rows put
-    after the ``batches``; nothing where no batch was split."""
-    sizes = [batch_rows(feed) for feed in feeds[:batches]]
-    first, start = {}, batches
-    for batch, rows in enumerate(sizes):
-        if rows > 1:
-            first[batch], start = start, start + rows
-    picked = [first[b] + r for b, r in probe_rows(sizes)]
-    if not picked:
-        return None
-    return [feeds[i] for i in picked], [masks[i] for i in picked], [expected[i] for i in picked]
 
 
 def int8_ready(model: Any) -> tuple[Any, list[str]]:
@@ -205,6 +182,13 @@ def _quantize(model: Any, excluded: list[str]) -> Any:
 
 def _run(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None = None) -> list[dict[str, np.ndarray]]:
     """Every feed through ``model`` in onnxruntime: its outputs, or the ``names`` asked for."""
+    return list(_each_output(model, feeds, names))
+
+
+def _each_output(
+    model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """``_run``, one feed's outputs at a time, in one session."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -212,7 +196,5 @@ def _run(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None
     session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
     names = names or [output.name for output in session.get_outputs()]
     inputs = {i.name for i in session.get_inputs()}
-    return [
-        dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in inputs}), strict=True))
-        for feed in feeds
-    ]
+    for feed in feeds:
+        yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in inputs}), strict=True))

@@ -20,15 +20,20 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.smoothing import Smoothing, choose_scales, per_channel_int8, thinned
+from pe_export.converters.smoothing import Activations, Smoothing, call_quota, choose_scales, thin_call
 
 LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range per tensor per call
 
 
-def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any) -> tuple[Any, Smoothing]:
-    """A smoothed copy of ``model`` (float, same outputs up to rounding) and what was done.
+def smooth_activations(
+    model: Any, feeds: list[dict[str, np.ndarray]], run: Any
+) -> tuple[Any, Smoothing, list[dict[str, np.ndarray]]]:
+    """A smoothed copy of ``model`` (float, same outputs up to rounding), what was done, and the model's
+    outputs on ``feeds`` (from the same runs: the search needs them as its reference).
 
-    ``run(model, feeds, names)`` returns the named tensors for every feed (a real onnxruntime run).
+    ``run(model, feeds, names)`` gives the named tensors for every feed (a real onnxruntime run), one feed
+    after another; the activations are thinned call by call as they come (BERT-base, 16 calls of 512
+    positions: 2 GB if held).
     """
     import onnx
     from onnx import numpy_helper
@@ -41,29 +46,39 @@ def smooth_activations(model: Any, feeds: list[dict[str, np.ndarray]], run: Any)
     for node in graph.node:
         if node.op_type == "MatMul" and node.input[1] in initializers and len(initializers[node.input[1]].dims) == 2:
             readers[node.input[0]].append(node)
+    outputs = [output.name for output in model.graph.output]
     if not readers:
-        return smoothed, Smoothing("MatMul", 0, 0, 0.0, 0.0)
-    captured = run(_with_outputs(model, list(readers)), feeds, list(readers))
+        return smoothed, Smoothing("MatMul", 0, 0, 0.0, 0.0), list(run(model, feeds, outputs))
+    capturing, quota = _with_outputs(model, list(readers)), call_quota(len(feeds))
+    expected: list[dict[str, np.ndarray]] = []
+    calls: dict[str, list[np.ndarray]] = defaultdict(list)
+    channel_max: dict[str, np.ndarray] = {}
+    for captured in run(capturing, feeds, outputs + [name for name in readers if name not in outputs]):
+        expected.append({name: captured[name] for name in outputs})
+        for tensor in readers:
+            # each call's rows: one range per call, padding included (the runtime's range includes it)
+            rows = np.asarray(captured[tensor], np.float32)
+            if rows.size:
+                rows = rows.reshape(-1, rows.shape[-1])
+                peak = np.abs(rows).max(axis=0)
+                channel_max[tensor] = np.maximum(channel_max.get(tensor, peak), peak)
+                calls[tensor].append(thin_call(rows, quota))
     groups = {}
     for tensor, nodes in readers.items():
         joined = np.concatenate([numpy_helper.to_array(initializers[node.input[1]]) for node in nodes], axis=1)
-        rows = [np.asarray(output[tensor], np.float32) for output in captured]
-        # each call's rows: one range per call, padding included (the runtime's range includes it)
-        rows = [r.reshape(-1, r.shape[-1]) for r in rows if r.size]
-        if rows and rows[0].shape[-1] == joined.shape[0]:
-            groups[tensor] = (thinned(rows), joined)
-    scaled, smoothing = choose_scales(groups, _quantized_product, "MatMul")
+        if calls[tensor] and calls[tensor][0].shape[-1] == joined.shape[0]:
+            groups[tensor] = (Activations(calls[tensor], channel_max[tensor]), joined)
+    scaled, smoothing = choose_scales(groups, _quantized_activations, "MatMul")
     _rewrite(graph, readers, scaled, initializers)
-    return smoothed, replace(smoothing, tensors=len(readers))
+    return smoothed, replace(smoothing, tensors=len(readers)), expected
 
 
-def _quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``x·weight`` as onnxruntime's dynamic int8 computes it: x over one uint8 range, weights per channel."""
+def _quantized_activations(x: np.ndarray) -> np.ndarray:
+    """``x`` as onnxruntime's dynamic int8 sees it: one uint8 range over the whole call, dequantized."""
     low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
     step = (high - low) / LEVELS or 1.0
     zero = np.round(-low / step)
-    x_q = (np.clip(np.round(x / step) + zero, 0, LEVELS) - zero) * step
-    return x_q @ per_channel_int8(weight)
+    return (np.clip(np.round(x / step) + zero, 0, LEVELS) - zero) * step
 
 
 def _with_outputs(model: Any, names: list[str]) -> Any:

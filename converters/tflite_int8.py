@@ -20,7 +20,6 @@ writes it; 0.99892 smoothed, every weight int8; 0.99914 asked for 0.999 (3 of 38
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import os
 import tempfile
@@ -31,19 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import KeepFloatOutcome, Probe, batch_rows, keep_float_to_target, probe_rows
-from pe_export.converters.smoothing import SMOOTHING_ROWS, Smoothing, choose_scales, per_channel_int8, thinned
+from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target
+from pe_export.converters.smoothing import SMOOTHING_ROWS, WEIGHT_LEVELS, Smoothing, choose_scales, thinned
 from pe_export.parity.tolerances import Tolerance
 
 # Builtin ops whose hybrid (int8 weight, float activation) kernels also run with a float32 weight.
 HYBRID_OPS = ("FULLY_CONNECTED", "BATCH_MATMUL", "CONV_2D", "DEPTHWISE_CONV_2D")
 WEIGHT_INPUT = 1
 ROW_LEVELS = 255  # the hybrid kernels' activations: int8, asymmetric, one range per row
-# The smoothing capture runs without a delegate and keeps every tensor: at BERT-base a row of 512 positions
-# takes 20 s. It stops once as many valid positions are in as the α search takes.
+# The smoothing capture stops once as many valid positions are in as the α search takes.
 CAPTURE_POSITIONS = SMOOTHING_ROWS
 RUN_THREADS = os.cpu_count() or 1  # the capture's and every candidate's runs (row results do not depend on it)
-WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel
 
 
 @dataclass
@@ -65,6 +62,7 @@ class DynamicRangeFile:
         self._schema, self._utils = schema, flatbuffer_utils
         self.model = flatbuffer_utils.read_model_from_bytearray(bytearray(quantized))
         self.float_model = flatbuffer_utils.read_model_from_bytearray(bytearray(float_file))
+        self._bytes = len(float_file)  # what a file of this model takes at most, with every weight float
         self._codes = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
         float_tensors = _constant_floats(self.float_model)
         graph = self.model.subgraphs[0]
@@ -142,7 +140,7 @@ class DynamicRangeFile:
             joined = np.concatenate([self.weights[n].values for n in names], axis=0).T  # [inputs, outputs]
             if rows is not None and rows.size and rows.shape[-1] == joined.shape[0]:
                 groups[tensor] = (thinned([rows]), joined)  # each row its own range: one call stands for all
-        chosen, smoothing = choose_scales(groups, _row_quantized_product, "FULLY_CONNECTED")
+        chosen, smoothing = choose_scales(groups, _row_quantized, "FULLY_CONNECTED")
         for tensor, scale in chosen.items():
             self._insert_mul(tensor, scale, readers[tensor])
         return replace(smoothing, tensors=len(readers))
@@ -223,11 +221,41 @@ class DynamicRangeFile:
                 weight.op.outputs = list(weight.dequantize.outputs)
                 self.model.subgraphs[0].operators.remove(weight.dequantize)
         try:
-            return bytes(self._utils.convert_object_to_bytearray(self.model))
+            return packed(self.model, self._bytes)
         finally:
             for tensor, kind, quantization, buffer, data, op, outputs in saved:
                 tensor.type, tensor.quantization, buffer.data, op.outputs = kind, quantization, data, outputs
             self.model.subgraphs[0].operators = operators
+
+    def capturing(self, names: list[str]) -> tuple[bytes, dict[str, str]]:
+        """The float32 file with the named tensors as outputs of its signature too, and the output name each
+        one has there: run with its delegate (XNNPACK), which keeps only outputs readable, at full speed
+        (BERT-base without a delegate, every tensor kept: 20 s a row of 512 positions)."""
+        graph, signature = self.float_model.subgraphs[0], self.float_model.signatureDefs[0]
+        index = {tensor.name.decode(): position for position, tensor in enumerate(graph.tensors)}
+        outputs, maps = list(graph.outputs), list(signature.outputs)
+        added = {}
+        for number, name in enumerate(n for n in names if n in index):
+            entry = self._schema.TensorMapT()
+            entry.name, entry.tensorIndex = f"pe_export_capture_{number}".encode(), index[name]
+            graph.outputs = [*graph.outputs, index[name]]
+            signature.outputs.append(entry)
+            added[name] = entry.name.decode()
+        try:
+            return packed(self.float_model, self._bytes), added
+        finally:
+            graph.outputs, signature.outputs = outputs, maps
+
+
+def packed(model: Any, size: int) -> bytes:
+    """``model`` (flatbuffer objects) as file bytes, in a builder sized for ``size`` bytes up front: the
+    converter's helper starts at 1 KiB and doubles, copying the whole file each time (BERT-base: 1.5 s of
+    a 2.3 s pack)."""
+    import flatbuffers
+
+    builder = flatbuffers.Builder(size + (1 << 20))
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def int8_to_target(
@@ -245,101 +273,75 @@ def int8_to_target(
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         folder = Path(work)
         expected = _run(float_file, feeds, folder)
-        smoothing = edited.smooth(_captured(float_file, feeds, masks, list(edited.smoothable()), folder))
+        capturing, names = edited.capturing(list(edited.smoothable()))
+        smoothing = edited.smooth(_captured(capturing, names, feeds, masks, folder))
+        del capturing
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
         outcome = keep_float_to_target(
             list(edited.weights),
             sizes,
             edited.build,
             lambda data, f: _run(data, f, folder),
-            feeds,
-            masks,
+            Judging(feeds, masks, expected, rows_alone=_batch_is_dynamic(edited.float_model)),
             tolerance,
-            expected,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
-            _probe(edited, feeds, masks, folder, float_file),
         )
     if smoothing.smoothed:
         outcome.steps.append(smoothing.note())
     return outcome
 
 
-def _probe(
-    edited: DynamicRangeFile,
-    feeds: list[dict[str, np.ndarray]],
-    masks: list[np.ndarray | None],
-    folder: Path,
-    float_file: bytes,
-) -> Probe | None:
-    """A few of the feeds' rows alone (``probe_rows``) and the float file's outputs on them, where the batch
-    axis is dynamic (a hybrid kernel's row does not depend on the rows beside it)."""
-    graph = edited.float_model.subgraphs[0]
+def _batch_is_dynamic(model: Any) -> bool:
+    """Whether every input's batch axis is dynamic: then a row runs alone as it does in its batch."""
+    graph = model.subgraphs[0]
     signatures = [graph.tensors[int(i)].shapeSignature for i in graph.inputs]
-    if not all(s is not None and len(s) and int(s[0]) == -1 for s in signatures):
-        return None
-    sizes = [batch_rows(feed) for feed in feeds]
-    picked = probe_rows(sizes)
-    if not picked:
-        return None
-    rows = [{k: v[r : r + 1] for k, v in feeds[b].items()} for b, r in picked]
-    valid = [None if masks[b] is None else masks[b][r : r + 1] for b, r in picked]
-    return rows, valid, _run(float_file, rows, folder)
+    return all(s is not None and len(s) and int(s[0]) == -1 for s in signatures)
 
 
-def _row_quantized_product(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``x·weight`` as the hybrid FULLY_CONNECTED computes it: each row of x int8 over its own range,
-    weights int8 per output channel."""
+def _row_quantized(x: np.ndarray) -> np.ndarray:
+    """``x`` as the hybrid FULLY_CONNECTED sees it: each row int8 over its own range, dequantized."""
     low = np.minimum(x.min(axis=1, keepdims=True), 0.0)
     high = np.maximum(x.max(axis=1, keepdims=True), 0.0)
     step = np.where(high > low, (high - low) / ROW_LEVELS, 1.0)
     zero = np.round(-low / step)
-    x_q = (np.clip(np.round(x / step) + zero, 0, ROW_LEVELS) - zero) * step
-    return x_q @ per_channel_int8(weight, WEIGHT_LEVELS)
+    return (np.clip(np.round(x / step) + zero, 0, ROW_LEVELS) - zero) * step
 
 
 def _captured(
-    data: bytes, feeds: list[dict[str, np.ndarray]], masks: list[np.ndarray | None], names: list[str], folder: Path
+    data: bytes,
+    names: dict[str, str],
+    feeds: list[dict[str, np.ndarray]],
+    masks: list[np.ndarray | None],
+    folder: Path,
 ) -> dict[str, np.ndarray]:
-    """The named tensors of the float32 file (no delegate: it would keep them internal), as rows [n, channels]
-    of valid positions only (padding never sets a range: each row is its own range here), on the feeds'
-    rows taken in turn until ``CAPTURE_POSITIONS`` valid positions are in. A batch that may be split runs one
-    row at a time: the interpreter keeps every intermediate tensor, attention scores included (BERT-base at
-    512 positions, 4 rows at once: gigabytes)."""
-    from pe_export.native import capture_native_output
+    """The tensors ``names`` maps to output names of ``data`` (``DynamicRangeFile.capturing``), as rows
+    [n, channels] of valid positions only (padding never sets a range: each row is its own range here), on
+    the feeds' rows taken in turn (variety first) until ``CAPTURE_POSITIONS`` valid positions are in; a
+    batch whose axis is dynamic runs a row at a time."""
     from pe_export.runners import create_runner
 
-    path = folder / "float.tflite"
+    path = folder / "capturing.tflite"
     path.write_bytes(data)
-    runner: Any = create_runner(_runtime(path), path)  # a TFLite runner: it has interpreter_class
-    interpreter_class = runner.interpreter_class()  # the runtime _run uses
-    with capture_native_output():
-        interpreter = interpreter_class(
-            model_path=str(path),
-            num_threads=RUN_THREADS,
-            experimental_preserve_all_tensors=True,
-            experimental_op_resolver_type=_no_delegates(interpreter_class),
-        )
-    indices = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
-    runner = interpreter.get_signature_runner()
-    details = runner.get_input_details()
-    splittable = all(len(d["shape_signature"]) and d["shape_signature"][0] == -1 for d in details.values())
-    gathered: dict[str, list[np.ndarray]] = {name: [] for name in names if name in indices}
-    calls = []  # (feed, row or None for the whole feed), the feeds' rows interleaved: variety first
-    for feed, mask in zip(feeds, masks, strict=True):
-        given = {k: v for k, v in feed.items() if k in details}
-        rows = next(iter(given.values())).shape[0] if given and splittable else 0
-        calls.append([(given, mask, row) for row in range(rows)] if rows else [(given, mask, None)])
-    positions = 0
-    for given, mask, row in (call for group in itertools.zip_longest(*calls) for call in group if call):
-        if positions >= CAPTURE_POSITIONS:
-            break
-        fed = given if row is None else {k: v[row : row + 1] for k, v in given.items()}
-        runner(**fed)
-        valid = mask if row is None or mask is None else mask[row : row + 1]
-        positions += int(np.sum(valid)) if valid is not None else next(iter(fed.values()), np.zeros(1)).size
-        for name in gathered:
-            gathered[name].append(_valid_rows(interpreter.get_tensor(indices[name]), valid))
-    return {name: np.concatenate(parts) for name, parts in gathered.items()}
+    gathered: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    with create_runner(_runtime(path), path, threads=RUN_THREADS) as runner:
+        inputs = {spec.name for spec in runner.input_specs()}
+        splittable = all(spec.shape and spec.shape[0] is None for spec in runner.input_specs())
+        calls = []  # (feed, mask, row or None for the whole feed), the feeds' rows interleaved
+        for feed, mask in zip(feeds, masks, strict=True):
+            given = {k: v for k, v in feed.items() if k in inputs}
+            rows = next(iter(given.values())).shape[0] if given and splittable else 0
+            calls.append([(given, mask, row) for row in range(rows)] if rows else [(given, mask, None)])
+        positions = 0
+        for given, mask, row in (call for group in itertools.zip_longest(*calls) for call in group if call):
+            if positions >= CAPTURE_POSITIONS:
+                break
+            fed = given if row is None else {k: v[row : row + 1] for k, v in given.items()}
+            outputs = runner.infer(fed)
+            valid = mask if row is None or mask is None else mask[row : row + 1]
+            positions += int(np.sum(valid)) if valid is not None else next(iter(fed.values()), np.zeros(1)).size
+            for name, output in names.items():
+                gathered[name].append(_valid_rows(outputs[output], valid))
+    return {name: np.concatenate(parts) for name, parts in gathered.items() if parts}
 
 
 def _valid_rows(tensor: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
@@ -348,11 +350,6 @@ def _valid_rows(tensor: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     if valid is not None and valid.size == rows.shape[0]:
         rows = rows[np.asarray(valid, bool).reshape(-1)]
     return rows
-
-
-def _no_delegates(interpreter_class: Any) -> Any:
-    module = importlib.import_module(interpreter_class.__module__)
-    return module.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
 
 
 def _run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:

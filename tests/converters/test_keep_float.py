@@ -64,12 +64,13 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     )
     note = next(n for n in strict.notes if n.startswith("int8:"))
     print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
-    found = re.search(rf"(\d+) of (\d+) {what} kept in float.*; (\d+) quantized files tried", note)
+    found = re.search(rf"(\d+) of (\d+) {what} kept in float.*; (\d+) quantized files tried, (\d+) on every", note)
     assert found, note
-    kept, candidates, files = (int(g) for g in found.groups())
+    kept, candidates, files, verdicts = (int(g) for g in found.groups())
     assert strict.exit_code == ExitCode.OK and strict.parity is not None and strict.parity.min_cosine >= target
     assert 1 <= kept < candidates and candidates >= 6 * LAYERS
-    # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking (on the probe,
-    # then on every input from the probe's count up)
+    # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking on the probe
+    # (the rows all-int8 got worst), each count it finds taken to a verdict on every input
     places = 6 + (candidates - 6 * LAYERS)
     assert files <= 1 + places + 2 * math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates
+    assert verdicts <= 3  # all-int8's, and the probe's count (once more where that verdict failed)

@@ -47,8 +47,11 @@ def relative_error(
 def test_smoothing_keeps_the_float_outputs_and_cuts_the_int8_error() -> None:
     model = outlier_model()
     calibration, held_out = feeds(6), feeds(7)
-    smoothed, smoothing = smooth_activations(model, calibration, _run)
+    smoothed, smoothing, outputs = smooth_activations(model, calibration, _run)
     onnx.checker.check_model(smoothed, full_check=True)
+    # the model's outputs came from the capture runs: what a plain run of it gives
+    for got, want in zip(outputs, _run(model, calibration), strict=True):
+        assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
     reference = _run(model, held_out)
     for got, want in zip(_run(smoothed, held_out), reference, strict=True):
         for name in want:
@@ -70,5 +73,6 @@ def test_nothing_to_smooth_without_a_constant_matmul() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
     )
     model = onnx_model(graph)
-    smoothed, smoothing = smooth_activations(model, [{"x": np.ones((2, 4), np.float32)}], _run)
+    smoothed, smoothing, outputs = smooth_activations(model, [{"x": np.ones((2, 4), np.float32)}], _run)
     assert (smoothing.tensors, smoothing.smoothed) == (0, 0) and len(smoothed.graph.node) == 1
+    assert [list(o) for o in outputs] == [["y"]]

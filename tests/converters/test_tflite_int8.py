@@ -83,7 +83,8 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
     edited = DynamicRangeFile(quantized, float_file)
     assert sorted(len(names) for names in edited.smoothable().values()) == [1, 2]  # x read twice, relu(y) once
     given = feeds(6)
-    smoothing = edited.smooth(_captured(float_file, given, [None] * len(given), list(edited.smoothable()), tmp_path))
+    capturing, names = edited.capturing(list(edited.smoothable()))
+    smoothing = edited.smooth(_captured(capturing, names, given, [None] * len(given), tmp_path))
     held_out = feeds(7)
     reference = run(float_file, held_out, tmp_path)
     plain = relative_error(run(quantized, held_out, tmp_path), reference)
@@ -105,9 +106,15 @@ def test_smoothing_sees_valid_rows_only(outlier_files: tuple[bytes, bytes], tmp_
     valid = np.ones(x.shape[0], bool)
     valid[::3] = False
     x[~valid] *= 100.0
-    names = list(DynamicRangeFile(quantized, float_file).smoothable())
-    captured = _captured(float_file, [{"x": x}], [valid], names, tmp_path)
+    edited = DynamicRangeFile(quantized, float_file)
+    capturing, names = edited.capturing(list(edited.smoothable()))
+    assert len(names) == 2  # x and relu(y), outputs of the capturing file now
+    captured = _captured(capturing, names, [{"x": x}], [valid], tmp_path)
     np.testing.assert_array_equal(captured[next(n for n in names if captured[n].shape[-1] == 64)], x[valid])
+    # the capturing file still computes the float file's outputs, and the float objects are as they were
+    (got,), (want,) = run(capturing, [{"x": x}], tmp_path), run(float_file, [{"x": x}], tmp_path)
+    assert set(want) < set(got) and all(np.array_equal(got[k], want[k]) for k in want)
+    assert len(edited.float_model.subgraphs[0].outputs) == len(edited.float_model.signatureDefs[0].outputs) == len(want)
 
 
 def test_thinned_rows_keep_every_range() -> None:
