@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.errors import ParityError
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.metrics import compare_output
 from pe_export.parity.tolerances import Tolerance
@@ -33,7 +34,8 @@ Masks = list[np.ndarray | None]
 Outputs = list[dict[str, np.ndarray]]
 Build = Callable[[list[str]], Any]
 Run = Callable[[Any, Feeds], Outputs]
-JudgeFeeds = Callable[[], tuple[Feeds, Masks]]  # the export's judging inputs and their valid masks, on demand
+# the export's judging inputs, their valid masks and the outputs those apply to, on demand
+JudgeFeeds = Callable[[], tuple[Feeds, Masks, set[str]]]
 Unit = tuple[int, int | None]  # (feed, row of it alone) or (feed, None): the whole feed
 Score = tuple[bool, float]  # (within the tolerance, worst cosine): sorted, failing and lowest first
 PROBE_ROWS = 2  # single rows the places are measured on, at first
@@ -81,6 +83,7 @@ class Judging:
     masks: Masks
     expected: Outputs
     rows_alone: bool = False
+    sequence_outputs: set[str] | None = None  # those the masks apply to (None: by shape)
 
     def units(self) -> list[Unit]:
         """What a verdict is scored on, one score each: the feeds, or their rows where rows compute alone."""
@@ -135,6 +138,9 @@ def keep_float_to_target(
     runs = verdicts = 0
     units = judging.units()
 
+    def score(got: dict, want: dict, mask: np.ndarray | None) -> Score:
+        return _score(got, want, mask, tolerance, judging.sequence_outputs)
+
     def judge(kept: list[str], probe: list[Unit] | None = None) -> tuple[Any, float, bool, dict[Unit, Score]]:
         """The model with ``kept`` in float, its worst cosine and verdict on every input (or on the probe's
         units), and each unit's score."""
@@ -145,12 +151,12 @@ def keep_float_to_target(
         if probe is not None:
             feeds, masks, expected = judging.of(probe)
             got = run(model, feeds)
-            scores = {u: _score(g, w, m, tolerance) for u, g, m, w in zip(probe, got, masks, expected, strict=True)}
+            scores = {u: score(g, w, m) for u, g, m, w in zip(probe, got, masks, expected, strict=True)}
             return model, min(c for _, c in scores.values()), all(ok for ok, _ in scores.values()), scores
         verdicts += 1
         outputs = run(model, judging.feeds)
-        feed_scores = [_score(*judging.part(outputs, (index, None)), tolerance) for index in range(len(outputs))]
-        scores = {unit: _score(*judging.part(outputs, unit), tolerance) for unit in units}
+        feed_scores = [score(*judging.part(outputs, (index, None))) for index in range(len(outputs))]
+        scores = {unit: score(*judging.part(outputs, unit)) for unit in units}
         return model, min(c for _, c in feed_scores), all(ok for ok, _ in feed_scores), scores
 
     model, cosine, passed, scores = judge([])
@@ -177,17 +183,27 @@ def keep_float_to_target(
         if rest:
             probe.append(min(rest, key=lambda unit: scores[unit]))
         low = count + 1
+    if chosen == len(ranked):  # nothing left int8: that is a float file, not an int8 one
+        raise ParityError(
+            f"dynamic-int8: no file with an int8 weight meets the target (cosine >= {tolerance.min_cosine:g}, "
+            f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the verification inputs: every weight int8 "
+            f"reached {outcome.cosine:.6f}, and no count short of all {len(ranked)} kept in float passes; nothing was "
+            "written. "
+            "Ask for less (--min-cosine), or export in float (no --quantize, or --quantize float16)"
+        )
     outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:chosen], cosine, passed
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
     outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
 
 
-def _score(got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance) -> Score:
+def _score(got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None) -> Score:
     """(verdict, worst cosine) of one feed's outputs: the cosine of each output and of its mean-pooled rows."""
     worst, ok = 1.0, True
     for name in want:
-        metrics = compare_output(name, got[name], want[name], tolerance, mask)
+        metrics = compare_output(
+            name, got[name], want[name], tolerance, mask, None if sequence is None else name in sequence
+        )
         pooled = 1.0 if metrics.pooled_cosine is None else metrics.pooled_cosine
         worst, ok = min(worst, metrics.cosine, pooled), ok and metrics.within_tolerance
     return ok, worst

@@ -206,8 +206,8 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
         from pe_export.converters.onnx_quantize import quantize_to_target
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
-    feeds, valid = judge() if judge is not None else ([], [])
-    outcome = quantize_to_target(model, feeds, options.tolerance, valid)
+    feeds, valid, sequence = judge() if judge is not None else ([], [], None)
+    outcome = quantize_to_target(model, feeds, options.tolerance, valid, sequence)
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model

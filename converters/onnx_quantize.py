@@ -66,6 +66,7 @@ def quantize_to_target(
     feeds: list[dict[str, np.ndarray]],
     tolerance: Tolerance,
     valid: list[np.ndarray | None] | None = None,
+    sequence_outputs: set[str] | None = None,
 ) -> KeepFloatOutcome:
     """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does."""
     prepared, steps = int8_ready(model)
@@ -83,7 +84,7 @@ def quantize_to_target(
         weight_bytes(smoothed),
         variants.build,
         _run,
-        Judging(feeds, masks, expected),
+        Judging(feeds, masks, expected, sequence_outputs=sequence_outputs),
         tolerance,
         weight_kinds(smoothed),
     )
@@ -107,7 +108,22 @@ def int8_ready(model: Any) -> tuple[Any, list[str]]:
         ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
         prepared = onnx.load(str(folded))
     count = gemms_to_matmuls(prepared)
+    named_apart(prepared.graph)
     return prepared, [f"{count} Gemm node(s) as MatMul, which has integer kernels"] if count else []
+
+
+def named_apart(graph: Any) -> int:
+    """Give every node a name of its own (ONNX allows empty and repeated ones): the quantizer's exclusions and
+    the search name nodes, and two that share a name would be kept float, or not, together. Returns how many
+    were renamed."""
+    seen: set[str] = set()
+    renamed = 0
+    for index, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.name or node.op_type}__pe_export_{index}"
+            renamed += 1
+        seen.add(node.name)
+    return renamed
 
 
 class QuantizedVariants:

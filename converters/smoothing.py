@@ -21,7 +21,7 @@ SMOOTHING_ROWS = 1024
 # and the activations' quantization does not depend on W, so evenly spaced columns give the error of all of
 # them in proportion, exactly for the columns taken. BERT-base, every column: 1.4 TFLOP of simulation.
 SMOOTHING_COLUMNS = 512
-FLOOR = 1e-5  # a channel that is never active keeps a finite scale
+FLOOR = 1e-5  # a channel barely active keeps a finite scale
 WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel (onnxruntime's and TFLite's)
 # activation rows [n, inputs] of one runtime call → as the runtime's int8 kernels see them (dequantized)
 QuantizedActivations = Callable[[np.ndarray], np.ndarray]
@@ -110,11 +110,14 @@ def sampled_columns(count: int, limit: int = SMOOTHING_COLUMNS) -> np.ndarray:
 
 
 def migration_scale(x_max: np.ndarray, weight: np.ndarray, alpha: float) -> np.ndarray:
-    """s per input channel: ``max|X|^α / max|W|^(1-α)`` (ones for α 0)."""
+    """s per input channel: ``max|X|^α / max|W|^(1-α)`` (ones for α 0, and where either maximum is 0)."""
     if alpha == 0.0:
         return np.ones(weight.shape[0], np.float32)
     w_max = np.abs(weight).max(axis=1)
-    return (np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)).astype(np.float32)
+    scale = np.maximum(x_max, FLOOR) ** alpha / np.maximum(w_max, FLOOR) ** (1.0 - alpha)
+    # A channel never active in calibration (or a weight row of zeros) has nothing to migrate: a scale from the
+    # floor would shrink its weight row below the int8 step, and the row would be lost where the channel wakes.
+    return np.where((x_max > 0) & (w_max > 0), scale, 1.0).astype(np.float32)
 
 
 def per_channel_int8(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> np.ndarray:

@@ -57,7 +57,7 @@ def convert_tflite(
     source = _GraphSource(loaded, frozen, prepared)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
-        feeds, masks = judge()
+        feeds, masks, sequence = judge()
         if feeds:
             from pe_export.converters.tflite_int8 import int8_to_target
 
@@ -72,7 +72,7 @@ def convert_tflite(
                     allow_flex=not options.builtins_only,
                     graph=graph,
                 )
-            outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance)
+            outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance, sequence)
             data = outcome.model
             notes = [*notes, *outcome.notes("int8 weights")]
     return data, log, notes

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,13 @@ class DynamicRangeFile:
             for index in op.inputs if op.inputs is not None else ():
                 readers[int(index)] += 1
         dequantizes = {int(op.inputs[0]): op for op in graph.operators if self._op_name(op) == "DEQUANTIZE"}
+        # Tensor names need not be unique: a name names one tensor only where it occurs once in both files
+        # (then it joins the two files, for capture); a weight's key is its name, with its index where repeated.
+        counts = Counter(t.name for t in graph.tensors)
+        in_float = Counter(t.name for t in self.float_model.subgraphs[0].tensors)
+        self._unique = {
+            t.name.decode(): i for i, t in enumerate(graph.tensors) if counts[t.name] == in_float[t.name] == 1
+        }
         self.weights: dict[str, _Weight] = {}
         for op in graph.operators:
             name = self._op_name(op)
@@ -83,7 +90,8 @@ class DynamicRangeFile:
                 continue
             values = self._float_source(tensor, float_tensors)
             if values is not None:
-                self.weights[tensor.name.decode()] = _Weight(
+                key = tensor.name.decode() if counts[tensor.name] == 1 else f"{tensor.name.decode()}#{index}"
+                self.weights[key] = _Weight(
                     tensor, values.copy(), op, str(name), dequantizes[int(op.outputs[0])] if gather else None
                 )
         shared: dict[int, int] = defaultdict(int)
@@ -121,12 +129,14 @@ class DynamicRangeFile:
     # -- smoothing ---------------------------------------------------------------------------------
 
     def smoothable(self) -> dict[str, list[str]]:
-        """FULLY_CONNECTED input tensor name → the weights (names) of the FCs that read it."""
+        """FULLY_CONNECTED input tensor name → the weights (keys) of the FCs that read it; inputs whose name is
+        not one tensor's in both files are left out (their activations could not be told apart)."""
         graph = self.model.subgraphs[0]
         groups: dict[str, list[str]] = defaultdict(list)
-        for name, weight in self.weights.items():
-            if weight.op_name == "FULLY_CONNECTED" and weight.values.ndim == 2:
-                groups[graph.tensors[int(weight.op.inputs[0])].name.decode()].append(name)
+        for key, weight in self.weights.items():
+            name = graph.tensors[int(weight.op.inputs[0])].name.decode()
+            if weight.op_name == "FULLY_CONNECTED" and weight.values.ndim == 2 and name in self._unique:
+                groups[name].append(key)
         return dict(groups)
 
     def smooth(self, activations: dict[str, np.ndarray]) -> Smoothing:
@@ -148,7 +158,7 @@ class DynamicRangeFile:
     def _insert_mul(self, tensor_name: str, scale: np.ndarray, weight_names: list[str]) -> None:
         schema = self._schema
         graph = self.model.subgraphs[0]
-        source = next(i for i, t in enumerate(graph.tensors) if t.name.decode() == tensor_name)
+        source = self._unique[tensor_name]
         inverse = self._add_tensor(f"{tensor_name}/smooth_inverse", (1.0 / scale).astype(np.float32))
         smoothed = schema.TensorT()
         smoothed.name = f"{tensor_name}/smoothed".encode()
@@ -232,7 +242,7 @@ class DynamicRangeFile:
         one has there: run with its delegate (XNNPACK), which keeps only outputs readable, at full speed
         (BERT-base without a delegate, every tensor kept: 20 s a row of 512 positions)."""
         graph, signature = self.float_model.subgraphs[0], self.float_model.signatureDefs[0]
-        index = {tensor.name.decode(): position for position, tensor in enumerate(graph.tensors)}
+        index = {t.name.decode(): i for i, t in enumerate(graph.tensors) if t.name.decode() in self._unique}
         outputs, maps = list(graph.outputs), list(signature.outputs)
         added = {}
         for number, name in enumerate(n for n in names if n in index):
@@ -264,6 +274,7 @@ def int8_to_target(
     feeds: list[dict[str, np.ndarray]],
     masks: list[np.ndarray | None],
     tolerance: Tolerance,
+    sequence_outputs: set[str] | None = None,
 ) -> KeepFloatOutcome:
     """The dynamic-range file, smoothed, with the fewest weights in float32 that meets ``tolerance``
     against the float32 file on ``feeds``; each candidate run in the installed TFLite runtime."""
@@ -282,7 +293,7 @@ def int8_to_target(
             sizes,
             edited.build,
             lambda data, f: _run(data, f, folder),
-            Judging(feeds, masks, expected, rows_alone=_batch_is_dynamic(edited.float_model)),
+            Judging(feeds, masks, expected, _batch_is_dynamic(edited.float_model), sequence_outputs),
             tolerance,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
         )

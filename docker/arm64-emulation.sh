@@ -5,16 +5,14 @@
 # qemu 7.x (bookworm's own) passes the host's x86 /proc/cpuinfo through and onnxruntime crashes on
 # import: qemu-user comes from backports, through a private apt tree (the host's apt state is untouched).
 set -euo pipefail
-[ "$(id -u)" = 0 ] || { echo "arm64-emulation.sh needs root (binfmt_misc)" >&2; exit 2; }
-. /etc/os-release; SUITE=${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}
-URI=$(grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v -E 'security|nodesource' | head -n1 || true)
-[ -n "$URI" ] || URI=$(grep -h -m1 -E '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
-[ -n "$URI" ] || { echo "no Debian archive in this host's apt sources" >&2; exit 2; }
+. "$(dirname "$0")/debian-archive.sh"  # SUITE, URI, archive_answers; exit 77 where this host lacks a need
+[ "$(id -u)" = 0 ] || { echo "arm64-emulation.sh needs root (binfmt_misc)" >&2; exit "$HOST_LACKS"; }
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 qemu_version() { local v; v=$("$1" --version 2>/dev/null | head -n1 | grep -oE '[0-9]+' | head -n1 || true); echo "${v:-0}"; }
 
 BINFMT=/proc/sys/fs/binfmt_misc
-[ -e "$BINFMT/register" ] || mount -t binfmt_misc binfmt_misc "$BINFMT"
+[ -e "$BINFMT/register" ] || mount -t binfmt_misc binfmt_misc "$BINFMT" \
+  || { echo "binfmt_misc cannot be mounted on this host (a container without it?)" >&2; exit "$HOST_LACKS"; }
 QEMU=/var/lib/pe-export/qemu-aarch64-static
 current=$(sed -n 's/^interpreter //p' "$BINFMT/qemu-aarch64" 2>/dev/null || true)
 if [ ! -x "$QEMU" ] || [ "$(qemu_version "$QEMU")" -lt 8 ]; then
@@ -23,6 +21,7 @@ if [ ! -x "$QEMU" ] || [ "$(qemu_version "$QEMU")" -lt 8 ]; then
   # take qemu-user from backports through a private apt tree.
   A=$WORK/apt; mkdir -p "$A"/etc/apt/{sources.list.d,preferences.d,apt.conf.d} "$A"/var/lib/apt/lists/partial "$A"/var/lib/dpkg
   touch "$A"/var/lib/dpkg/status
+  archive_answers "$SUITE-backports"
   echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $URI $SUITE-backports main" > "$A"/etc/apt/sources.list
   printf 'Dir "%s/";\nDir::State::status "%s/var/lib/dpkg/status";\nDir::Etc::TrustedParts "/etc/apt/trusted.gpg.d/";\nDebug::NoLocking "true";\nAPT::Sandbox::User "root";\n' "$A" "$A" > "$A"/apt.conf
   APT_CONFIG=$A/apt.conf apt-get -qq update

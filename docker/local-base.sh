@@ -11,14 +11,12 @@
 set -euo pipefail
 ARCH=${1:?usage: local-base.sh ARCH TAG}; TAG=${2:?usage: local-base.sh ARCH TAG}
 case "$ARCH" in amd64|arm64) ;; *) echo "ARCH must be amd64 or arm64, got '$ARCH'" >&2; exit 2;; esac
-[ "$(id -u)" = 0 ] || { echo "local-base.sh needs root (debootstrap, binfmt_misc)" >&2; exit 2; }
+. "$(dirname "$0")/debian-archive.sh"  # SUITE, URI, archive_answers; exit 77 where this host lacks a need
+[ "$(id -u)" = 0 ] || { echo "local-base.sh needs root (debootstrap, binfmt_misc)" >&2; exit "$HOST_LACKS"; }
 for tool in debootstrap docker dpkg apt-get; do
-  command -v "$tool" >/dev/null || { echo "local-base.sh needs $tool (apt-get install debootstrap docker.io)" >&2; exit 2; }
+  command -v "$tool" >/dev/null || { echo "local-base.sh needs $tool (apt-get install debootstrap docker.io)" >&2; exit "$HOST_LACKS"; }
 done
-. /etc/os-release; SUITE=${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}
-URI=$(grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v -E 'security|nodesource' | head -n1 || true)
-[ -n "$URI" ] || URI=$(grep -h -m1 -E '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
-[ -n "$URI" ] || { echo "no Debian archive in this host's apt sources" >&2; exit 2; }
+archive_answers "$SUITE"
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 
 if [ "$ARCH" = arm64 ] && [ "$(dpkg --print-architecture)" != arm64 ]; then

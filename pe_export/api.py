@@ -29,6 +29,7 @@ from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_run
 from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape
 
 if TYPE_CHECKING:
+    from pe_export.parity.result import OutputMetrics
     from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
     from pe_export.sources import ModelSource
     from pe_export.tables.pipeline import PreparedGraph, TableResult
@@ -50,17 +51,27 @@ class ExportReport:
     notes: list[str] = field(default_factory=list)  # what the exporter changed to make the file run
     written: bool = True  # False: the file failed verification and nothing was put at ``output``
     kept_failed: Path | None = None  # --keep-failed: where the failing file was kept instead
+    # --allow-lossy: the file against the model with its compressed tables (lossy_reference.py), where the
+    # parity against the model as it is failed: the loss accepted is the tables' alone
+    against_lossy_tables: list[OutputMetrics] | None = None
 
     @property
     def lossy_tables(self) -> list[TableResult]:
         return [t for t in self.tables if not t.exact]
 
     @property
+    def loss_is_the_tables(self) -> bool:
+        """--allow-lossy with lossy tables, and the file meets its tolerance against the model computed with
+        them: what parity misses is the tables' loss, which the user accepted."""
+        checked = self.against_lossy_tables
+        return bool(self.lossy_tables and self.options.tables.allow_lossy and checked) and all(
+            output.within_tolerance for output in checked or []
+        )
+
+    @property
     def exit_code(self) -> ExitCode:
         if self.parity is not None and not self.parity.passed:
-            if self.lossy_tables and self.options.tables.allow_lossy:
-                return ExitCode.OK  # the user accepted the loss; the report shows it
-            return ExitCode.PARITY_FAILED
+            return ExitCode.OK if self.loss_is_the_tables else ExitCode.PARITY_FAILED
         if self.options.verify and self.parity is None:
             return ExitCode.RUNTIME_UNAVAILABLE
         return ExitCode.OK
@@ -76,6 +87,17 @@ class ExportReport:
                 what = (
                     f"{self.output} was not written (--keep-failed keeps a failing file as "
                     f"{failed_output_path(self.output).name}):"
+                )
+            if lossy and self.options.tables.allow_lossy:
+                worst = min(self.against_lossy_tables or [], key=lambda o: (o.within_tolerance, o.cosine), default=None)
+                beyond = (
+                    f"{worst.name!r} errs {worst.max_abs:.3g} (cosine {worst.cosine:.6f})" if worst is not None else "?"
+                )
+                raise ParityError(
+                    f"{what} --allow-lossy accepts the tables' loss only ({lossy}), and against the model computed "
+                    f"with those tables the file still fails the {self.options.precision} tolerance: {beyond}. The "
+                    "rest is the file's own (its precision or the converter's): try another --quantize, or verify "
+                    "without --compress to see it alone"
                 )
             if lossy:
                 raise ParityError(
@@ -324,10 +346,20 @@ class _Job:
             return verification_feeds(self.specs, self.bounds, self.check_length)
         return self.user_case
 
-    def judge_feeds(self) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None]]:
-        """check_feeds as the int8 search takes them: the feeds, and each one's valid mask."""
+    def judge_feeds(self) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None], set[str]]:
+        """check_feeds as the int8 search takes them: the feeds, each one's valid mask, and the outputs the
+        masks apply to."""
         feeds, valid = self.check_feeds()
-        return list(feeds.values()), [valid[case] for case in feeds]
+        return list(feeds.values()), [valid[case] for case in feeds], self.sequence_outputs
+
+    @cached_property
+    def sequence_outputs(self) -> set[str]:
+        """The outputs whose axis 1 is the sequence (the padding mask applies), from the SavedModel's signature."""
+        from pe_export.savedmodel import signature_input_specs, signature_output_specs
+        from pe_export.specs import sequence_outputs
+
+        signature = self.loaded.signature(self.options.signature)
+        return sequence_outputs(signature_input_specs(signature), signature_output_specs(signature))
 
     @cached_property
     def user_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
@@ -517,6 +549,10 @@ def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:
         report.unverified_reason = f"no runtime for {job.output.suffix} files is installed ({NO_RUNTIME_FIX})"
     else:
         report.parity = verify_export(job, runner_name, staged)
+        if not report.parity.passed and report.lossy_tables and job.options.tables.allow_lossy:
+            from pe_export.lossy_reference import against_lossy_tables
+
+            report.against_lossy_tables = against_lossy_tables(job, runner_name, staged)
 
 
 def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
@@ -524,6 +560,7 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     reference's outputs make an in-memory bundle, compared by the loop `pe-export parity` runs."""
     import time
 
+    from pe_export.determinism import refuse_random_reference
     from pe_export.parity.bundle import reference_batches
     from pe_export.parity.compare import compare_batches
     from pe_export.runners.savedmodel import SavedModelRunner
@@ -532,6 +569,8 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     reference = SavedModelRunner(job.source, signature=job.options.signature, loaded=job.loaded)
     with reference:
         batches = list(reference_batches(reference, ((feeds[case], valid[case]) for case in feeds), list(feeds)))
+        first = batches[0]
+        refuse_random_reference(job.frozen.concrete, reference.infer, first.inputs, first.outputs, str(job.source))
     tolerances = {name: job.options.tolerance for name in sorted(batches[0].outputs)}
     started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
     with create_runner(runner_name, path) as candidate:
@@ -542,6 +581,7 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
             tolerances,
             model_name=job.output.name,
             progress=lambda: done.append(time.perf_counter() - started),
+            sequence_outputs=job.sequence_outputs,
         )
         runtime = candidate.describe()
     shape = feed_shape(batches[0].inputs)

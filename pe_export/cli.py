@@ -233,7 +233,10 @@ def _print_export(report: Any, verbose: bool) -> int:
     report.raise_for_status()
     verdict = "verified" if report.parity is not None else "not verified (--no-verify)"
     if report.lossy_tables and report.parity is not None and not report.parity.passed:
-        verdict += ", OVER TOLERANCE: lossy tables accepted by --allow-lossy"
+        verdict += (
+            ", OVER TOLERANCE: lossy tables accepted by --allow-lossy (against the model computed with the "
+            "compressed tables the file is within tolerance)"
+        )
     click.echo(f"OK: wrote {report.output} ({report.summary.file_bytes:,} B), {verdict}")
     return ExitCode.OK
 

@@ -6,6 +6,7 @@ import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from pe_export.errors import BadInputError, OutputExistsError, check_range
 from pe_export.inputs import generate_inputs, is_mask_input, valid_positions
 from pe_export.parity.bundle import Batch, read_npz, reference_batches, write_bundle
 from pe_export.sources import ModelSource
-from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape, fixed_length
+from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape, fixed_length, sequence_outputs
 from pe_export.text_inputs import TextInputs, text_feed
 
 
@@ -118,7 +119,7 @@ def _make_golden(
     with SavedModelRunner(saved_model, signature=options.signature, loaded=loaded) as reference:
         total, count = write_bundle(
             output,
-            _labelled(reference_batches(reference, batches), labels),
+            _labelled(_deterministic(reference_batches(reference, batches), frozen, reference, source), labels),
             model={
                 "path": str(source.given),
                 "digest": source.digest,
@@ -130,9 +131,20 @@ def _make_golden(
             created_by=_versions(),
             labels=labels,
             progress=None if progress is None else lambda done: progress(done, expected or done),
+            sequence_outputs=sequence_outputs(model_specs, output_specs.values()),
         )
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
     return GoldenResult(output, total, count, size, source.digest, seq_len)
+
+
+def _deterministic(batches: Iterator[Batch], frozen: Any, reference: Any, source: ModelSource) -> Iterator[Batch]:
+    """The batches, the first checked to come out the same when the reference runs it again (determinism.py)."""
+    from pe_export.determinism import refuse_random_reference
+
+    for index, batch in enumerate(batches):
+        if index == 0:
+            refuse_random_reference(frozen.concrete, reference.infer, batch.inputs, batch.outputs, str(source.given))
+        yield batch
 
 
 def _labelled(batches: Iterator[Batch], labels: dict[str, np.ndarray]) -> Iterator[Batch]:

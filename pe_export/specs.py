@@ -70,6 +70,18 @@ def fixed_length(specs: Iterable[TensorSpec]) -> int | None:
     return lengths.pop() if len(lengths) == 1 else None
 
 
+def sequence_outputs(inputs: Iterable[TensorSpec], outputs: Iterable[TensorSpec]) -> set[str]:
+    """The outputs whose axis 1 is the inputs' sequence axis (a padding mask applies to them), from the
+    signature: with a dynamic length, those whose axis 1 is dynamic too; with a fixed length L, those of rank 3
+    or more whose axis 1 is L. A [batch, L] output of a fixed-length model may be [batch, hidden] with hidden
+    equal to L (MiniLM's pooled output at 384): it is left unmasked, where masking it would skip hidden units."""
+    inputs = list(inputs)
+    if any_dynamic_length(inputs):
+        return {spec.name for spec in outputs if spec.dynamic_length}
+    length = fixed_length(inputs)
+    return {spec.name for spec in outputs if length is not None and len(spec.shape) >= 3 and spec.shape[1] == length}
+
+
 def any_dynamic_length(specs: Iterable[TensorSpec]) -> bool:
     return any(spec.dynamic_length for spec in specs)
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import HOST_LACKS
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 BASE_SCRIPT = DOCKER / "local-base.sh"
@@ -40,6 +42,15 @@ IMAGES = {
 
 class Unavailable(Exception):
     """This machine cannot build images (not root, no engine, no archive): the tests skip with the reason."""
+
+
+def script_outcome(done: subprocess.CompletedProcess[str], what: str) -> None:
+    """A set-up script's run: exit 77 (the host lacks a facility) is Unavailable; any other failure is the
+    script's own and fails the tests that need it."""
+    if done.returncode == HOST_LACKS:
+        raise Unavailable(f"{what}: {last_line(done)}")
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {done.stdout[-500:]}{done.stderr[-1500:]}")
 
 
 def run(*args: str | Path, timeout: int = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -110,8 +121,7 @@ class ImageBuilds:
             self._engine()
             bases = {arch: self._base(arch) for arch in ARCHES}
             done = run("bash", DOCKER / "arm64-emulation.sh")  # after a reboot the registration is gone
-            if done.returncode != 0:
-                raise Unavailable(f"no arm64 emulation: {last_line(done)}")
+            script_outcome(done, "no arm64 emulation (docker/arm64-emulation.sh)")
             for tag, (dockerfile, arch, extra) in IMAGES.items():
                 started = time.perf_counter()
                 built = run(
@@ -167,8 +177,7 @@ class ImageBuilds:
             started = time.perf_counter()
             built = run("bash", BASE_SCRIPT, arch, tag)
             self.seconds[tag] = time.perf_counter() - started
-            if built.returncode != 0:
-                raise Unavailable(f"cannot make a {arch} base here: {last_line(built)}")
+            script_outcome(built, f"cannot make a {arch} base here (docker/local-base.sh)")
         return tag
 
 

@@ -82,3 +82,30 @@ def test_gpu_check_command_names_the_script_in_the_image() -> None:
     assert script.startswith(copied_to + "/")
     in_checkout = REPO / script.removeprefix(copied_to + "/")
     assert in_checkout.is_file() and in_checkout.stat().st_mode & 0o111, in_checkout
+
+
+def test_set_up_scripts_say_host_lacks_with_77_and_only_that_skips() -> None:
+    """docker/debian-archive.sh (sourced by the three set-up scripts): an archive that does not answer is exit 77
+    with a line naming it; the tests skip on 77 alone, any other failure is the script's and fails them."""
+    import subprocess
+
+    from tests.docker_builds import Unavailable, script_outcome
+    from tests.helpers import HOST_LACKS
+
+    archive = Path(__file__).resolve().parents[1] / "docker" / "debian-archive.sh"
+    unreachable = subprocess.run(
+        ["bash", "-c", f'. "{archive}"; URI=http://127.0.0.1:9/debian; archive_answers "$SUITE"'],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert unreachable.returncode == HOST_LACKS, unreachable.stderr
+    assert "does not answer from here: http://127.0.0.1:9/debian/dists/" in unreachable.stderr
+    for script in ("docker/local-base.sh", "docker/arm64-emulation.sh", "targets/software-vulkan/setup.sh"):
+        text = (archive.parents[1] / script).read_text()
+        assert "debian-archive.sh" in text and "archive_answers" in text  # the archive probed before apt runs
+    with pytest.raises(Unavailable, match="no root"):
+        script_outcome(subprocess.CompletedProcess([], HOST_LACKS, "", "no root\n"), "base")
+    with pytest.raises(RuntimeError, match=r"failed \(exit 1\)"):
+        script_outcome(subprocess.CompletedProcess([], 1, "", "qemu: apt-get crashed\n"), "base")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pe_export.errors import BadInputError
+from pe_export.errors import BadInputError, one_line
 from pe_export.fileio import folder_mode
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
@@ -84,6 +84,15 @@ class Bundle:
         return [_spec(entry) for entry in self.manifest["outputs"]]
 
     @property
+    def sequence_outputs(self) -> set[str] | None:
+        """The outputs the padding mask applies to, as the manifest records them; None in a bundle written
+        before it did (then by shape)."""
+        entries = self.manifest["outputs"]
+        if not all(isinstance(entry.get("sequence"), bool) for entry in entries):
+            return None
+        return {entry["name"] for entry in entries if entry["sequence"]}
+
+    @property
     def label_outputs(self) -> list[str]:
         return list(self.manifest.get("labels", []))
 
@@ -138,7 +147,33 @@ class Bundle:
             raise BadInputError(f"bundle {self.path}: {file} is missing; the bundle is incomplete")
         if file_sha256(path) != sha256:
             raise BadInputError(f"bundle {self.path}: {file} does not match its sha256 in the manifest")
-        return read_npz(path)
+        return read_npz(path, self._declared_check(file))
+
+    def _declared_check(self, file: str) -> Declared:
+        """What a batch file's arrays may declare, checked before any is read: inputs and outputs as the
+        manifest's specs say for the batch's samples; the mask and labels no larger per sample than they are."""
+        entry = next(e for e in self.manifest["batches"] if e["file"] == file)
+        samples = int(entry["samples"])
+        specs = {f"{INPUT_PREFIX}{s.name}": s for s in self.inputs} | {
+            f"{OUTPUT_PREFIX}{s.name}": s for s in self.outputs
+        }
+        largest = max((int(np.prod([d or 1 for d in s.shape[1:]])) for s in specs.values()), default=1)
+
+        def check(key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+            spec = specs.get(key)
+            wanted = (samples, *spec.shape[1:]) if spec is not None else None
+            if spec is not None and (dtype.name != spec.dtype or shape != wanted):
+                raise BadInputError(
+                    f"bundle {self.path}: {file} array {key!r} declares {shape} {dtype.name}, the manifest says "
+                    f"{wanted} {spec.dtype}; the bundle was edited: regenerate it with `pe-export golden`"
+                )
+            if spec is None and (not shape or shape[0] != samples or int(np.prod(shape[1:])) > largest):
+                raise BadInputError(
+                    f"bundle {self.path}: {file} array {key!r} declares {shape}, more than {samples} samples of "
+                    f"the manifest's tensors hold; the bundle was edited: regenerate it with `pe-export golden`"
+                )
+
+        return check
 
     def _labels(
         self, arrays: dict[str, np.ndarray], outputs: dict[str, np.ndarray], where: str
@@ -177,14 +212,48 @@ def _check_array(where: Path, kind: str, spec: TensorSpec, array: np.ndarray, sa
         )
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
+# Deflate expands at most about 1,032 to 1: a compressed member claiming more than that of its stored size lies.
+DEFLATE_MAX_RATIO = 1032
+Declared = Callable[[str, np.dtype, tuple[int, ...]], None]
+
+
+def read_npz(path: Path, declared: Declared | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, each member's .npy header read before its data: what the header declares
+    must be what the member holds (a header that claims 2^40 elements would have numpy allocate them), and
+    ``declared`` (a bundle's check against its manifest) sees each array's name, dtype and shape first.
+    Object arrays (pickled data) are refused."""
+    arrays: dict[str, np.ndarray] = {}
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
-    except ValueError as err:  # object arrays need pickle, which is refused
-        raise BadInputError(f"{path} holds object arrays (pickled data), which are refused; save plain arrays") from err
-    except (OSError, zipfile.BadZipFile, EOFError) as err:
-        raise BadInputError(f"{path} is not a readable .npz file ({type(err).__name__})") from err
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                with archive.open(info) as member:
+                    arrays[key] = _read_member(path, key, info, member, declared)
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as err:
+        raise BadInputError(f"{path} is not a readable .npz file ({type(err).__name__}: {one_line(err)})") from err
+    return arrays
+
+
+def _read_member(path: Path, key: str, info: zipfile.ZipInfo, member: Any, declared: Declared | None) -> np.ndarray:
+    version = np.lib.format.read_magic(member)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(member)
+    if dtype.hasobject:
+        raise BadInputError(f"{path} holds object arrays (pickled data: {key!r}), which are refused; save plain arrays")
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    held = info.file_size - member.tell()
+    stored = info.compress_size if info.compress_type == zipfile.ZIP_STORED else DEFLATE_MAX_RATIO * info.compress_size
+    if size != held or size > stored:
+        raise BadInputError(
+            f"{path}: array {key!r} declares {tuple(shape)} {dtype.name} ({size:,} B) but its member holds "
+            f"{min(held, stored):,} B; the file is damaged or was edited: regenerate it"
+        )
+    if declared is not None:
+        declared(key, dtype, tuple(shape))
+    data = np.frombuffer(member.read(size), dtype=dtype)
+    if data.nbytes != size:
+        raise BadInputError(f"{path}: array {key!r} is cut short ({data.nbytes:,} of {size:,} B); regenerate it")
+    return data.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def file_sha256(path: Path) -> str:
@@ -310,10 +379,13 @@ def write_bundle(
     created_by: dict[str, str],
     labels: Iterable[str] = (),
     progress: Callable[[int], None] | None = None,
+    sequence_outputs: set[str] | None = None,
 ) -> tuple[int, int]:
     """Write ``batches`` as a bundle at ``output`` (a folder) and return (samples, batches). The bundle is
     built in a temporary folder beside ``output`` and moved into place whole; an old one is replaced only
-    then. ``model`` holds the source's path, digest and signature; ``progress`` gets the samples so far."""
+    then. ``model`` holds the source's path, digest and signature; ``progress`` gets the samples so far;
+    ``sequence_outputs`` (from the signature) are the outputs whose axis 1 is the sequence, recorded per
+    output as ``"sequence"``: the padding mask applies to them only."""
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         os.chmod(work, folder_mode())  # mkdtemp makes 0700: a bundle is for other users (the device images) too
@@ -337,7 +409,10 @@ def write_bundle(
             "created_by": created_by,
             "model": model,
             "inputs": [_entry(spec) for spec in inputs],
-            "outputs": [_entry(spec) for spec in outputs],
+            "outputs": [
+                {**_entry(spec), **({} if sequence_outputs is None else {"sequence": spec.name in sequence_outputs})}
+                for spec in outputs
+            ],
             "padding": "batches/*.npz 'valid' marks real tokens; padded positions are left out of parity",
             "batches": entries,
             "samples": total,

@@ -25,10 +25,12 @@ def compare_batches(
     *,
     model_name: str,
     progress: Callable[[], None] | None = None,
+    sequence_outputs: set[str] | None = None,
 ) -> list[OutputMetrics]:
     """Run the (active) ``runner`` on every batch and judge each output in ``tolerances`` against the
     batch's reference outputs; batches of a named case are judged apart from the others. ``progress`` is
-    called after every batch."""
+    called after every batch. ``sequence_outputs``: those the padding mask applies to (None: not known, by
+    shape)."""
     accumulators: dict[tuple[str | None, str], OutputAccumulator] = {}
     for batch in batches:
         raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops the check
@@ -47,7 +49,8 @@ def compare_batches(
                 )
             key = (batch.case, name)
             if key not in accumulators:
-                accumulators[key] = OutputAccumulator(name, tolerance, case=batch.case)
+                sequence = None if sequence_outputs is None else name in sequence_outputs
+                accumulators[key] = OutputAccumulator(name, tolerance, case=batch.case, sequence=sequence)
             accumulators[key].update(actual, expected, batch.valid, batch.labels.get(name))
         if progress:
             progress()

@@ -49,7 +49,14 @@ def run_check(
         if progress:
             progress()
         _check_interface(runner, bundle, model)
-        outputs = compare_batches(runner, bundle.batches(), tolerances, model_name=model.name, progress=batch_done)
+        outputs = compare_batches(
+            runner,
+            bundle.batches(),
+            tolerances,
+            model_name=model.name,
+            progress=batch_done,
+            sequence_outputs=bundle.sequence_outputs,
+        )
     finally:
         runner.deactivate()
     return ParityReport(

@@ -24,8 +24,20 @@ def has_class_axis(name: str) -> bool:
 class OutputAccumulator:
     """Running statistics for one output across batches."""
 
-    def __init__(self, name: str, tolerance: Tolerance, *, argmax: bool | None = None, case: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        tolerance: Tolerance,
+        *,
+        argmax: bool | None = None,
+        case: str | None = None,
+        sequence: bool | None = None,
+    ) -> None:
+        """``sequence``: whether the output's axis 1 is the sequence axis (the padding mask applies), from the
+        signature (``specs.sequence_outputs``); None where it is not known (a bundle written before it was
+        recorded), and then the mask applies where its shape covers the output's first two axes."""
         self.name = name
+        self.sequence = sequence
         self.case = case
         self.tolerance = tolerance
         self.argmax = has_class_axis(name) if argmax is None else argmax
@@ -54,8 +66,9 @@ class OutputAccumulator:
         e = np.asarray(expected, dtype=np.float64)
         if a.shape != e.shape:
             raise ValueError(f"output {self.name!r}: shape {a.shape} does not match reference {e.shape}")
-        # The padding mask applies when it covers the output's [batch, seq] axes.
-        mask = valid if valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape else None
+        # The padding mask applies to an output whose axis 1 is the sequence, where it covers [batch, seq].
+        fits = valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape
+        mask = valid if fits and self.sequence is not False else None
         if mask is not None:
             include = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a.shape)
         else:
@@ -163,9 +176,14 @@ class OutputAccumulator:
 
 
 def compare_output(
-    name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance, valid: np.ndarray | None = None
+    name: str,
+    actual: np.ndarray,
+    expected: np.ndarray,
+    tolerance: Tolerance,
+    valid: np.ndarray | None = None,
+    sequence: bool | None = None,
 ) -> OutputMetrics:
     """One comparison: statistics of ``actual`` against ``expected`` (shapes must match)."""
-    accumulator = OutputAccumulator(name, tolerance)
+    accumulator = OutputAccumulator(name, tolerance, sequence=sequence)
     accumulator.update(actual, expected, valid)
     return accumulator.result()

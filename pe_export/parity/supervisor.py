@@ -152,6 +152,17 @@ class _Forked:
         return self.returncode
 
 
+def signal_name(number: int) -> str:
+    """A signal's name (SIGSEGV, SIGRTMIN+3), or its number where it has none."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+        if low is not None and high is not None and low <= number <= high:
+            return f"SIGRTMIN+{number - low}"
+        return str(number)
+
+
 class _Watch:
     """Reads the child's frames with a deadline per frame; kills it on a hang or an interrupt."""
 
@@ -214,7 +225,7 @@ class _Watch:
         except subprocess.TimeoutExpired:
             self.process.kill()
             code = self.process.wait()
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        how = f"signal {signal_name(-code)}" if code < 0 else f"exit status {code}"
         return RuntimeUnavailableError(
             f"the runtime crashed ({how}) while {self.doing} {self.model.name}{self._stderr_tail()}"
         )

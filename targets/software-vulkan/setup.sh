@@ -7,10 +7,8 @@
 # from the host's own apt configuration.
 set -euo pipefail
 D=$(realpath -m "${1:?usage: setup.sh DIR}")
-. /etc/os-release; SUITE=${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}
-URI=$(grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v -E 'security|nodesource' | head -n1 || true)
-[ -n "$URI" ] || URI=$(grep -h -m1 -E '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
-[ -n "$URI" ] || { echo "no Debian archive in this host's apt sources" >&2; exit 2; }
+. "$(dirname "$0")/../../docker/debian-archive.sh"  # SUITE, URI, archive_answers; exit 77 where the host lacks one
+archive_answers "$SUITE-backports"
 ARCH=$(dpkg --print-architecture)
 A=$(mktemp -d); trap 'rm -rf "$A"' EXIT
 mkdir -p "$A"/etc/apt/{sources.list.d,preferences.d,apt.conf.d} "$A"/var/lib/apt/lists/partial "$A"/var/lib/dpkg

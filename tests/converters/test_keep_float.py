@@ -13,7 +13,7 @@ import pytest
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.keep_float import repeated_places
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import ExitCode
+from pe_export.errors import ExitCode, ParityError
 from tests.fixtures.keras_hub_models import export_random_bert
 
 LAYERS = 4
@@ -74,3 +74,12 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     places = 6 + (candidates - 6 * LAYERS)
     assert files <= 1 + places + 2 * math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates
     assert verdicts <= 3  # all-int8's, and the probe's count (once more where that verdict failed)
+
+
+def test_a_target_only_float_meets_is_refused_not_stamped_int8(encoder: Path, tmp_path: Path) -> None:
+    """Where only every weight in float passes, there is no int8 file to write: exit 1, nothing written."""
+    output = tmp_path / "float_really.tflite"
+    with pytest.raises(ParityError, match="no file with an int8 weight meets the target") as raised:
+        export_tflite(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=1.0))
+    assert raised.value.exit_code == ExitCode.PARITY_FAILED
+    assert not output.exists() and not list(tmp_path.iterdir())

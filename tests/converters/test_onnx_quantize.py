@@ -72,3 +72,27 @@ def test_variants_from_one_quantization_equal_the_quantizers_own(saved_model, tm
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
     integer = {"MatMulInteger", "DynamicQuantizeLinear"}
     assert not any(node.op_type in integer for node in variants.build(nodes).graph.node)
+
+
+def test_nodes_that_share_a_name_are_kept_float_apart() -> None:
+    """ONNX allows empty node names (onnxruntime refuses repeated ones, so no file it runs has them); the
+    quantizer and the search name nodes. After int8_ready each has its own, and keeping one float keeps that
+    one only (onnxruntime runs the variant)."""
+    import numpy as np
+
+    from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
+    from tests.converters.test_onnx_smooth import outlier_model
+
+    model = outlier_model()
+    model.graph.node[1].name = model.graph.node[3].name = ""  # two of the three MatMuls unnamed
+    prepared, _ = int8_ready(model)
+    nodes = quantizable_nodes(prepared)
+    assert len(nodes) == len(set(nodes)) == 3 and all(nodes)
+    variants = QuantizedVariants(prepared, _quantize(prepared, []))
+    for kept in nodes:
+        built = variants.build([kept])
+        float_matmuls = [n.name for n in built.graph.node if n.op_type == "MatMul"]
+        assert float_matmuls == [kept]
+        x = {"x": np.random.default_rng(3).normal(size=(4, 32)).astype(np.float32)}
+        (got,), (want,) = _run(built, [x]), _run(_quantize(prepared, [kept]), [x])
+        assert all(np.array_equal(got[k], want[k]) for k in want)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +171,51 @@ def test_wrong_shape_and_dtype_bundles(capfd, files, tmp_path: Path) -> None:
     rewrite_batch(dtype, widen)
     result = run_cli(capfd, "parity", files["tflite"], dtype)
     assert_one_line_error(result, ExitCode.BAD_INPUT, "the bundle holds int64", "takes int32")
+
+
+def test_the_bundle_records_which_outputs_have_a_sequence_axis(files) -> None:
+    """From the signature at golden time; `pe-export parity` masks those only (a bundle without the record is
+    judged by shape, as before)."""
+    from pe_export.parity.bundle import load_bundle
+
+    manifest = json.loads((files["bundle"] / "manifest.json").read_text())
+    recorded = {entry["name"]: entry["sequence"] for entry in manifest["outputs"]}
+    assert recorded == {"pooled_output": False, "sequence_output": True}
+    assert load_bundle(files["bundle"]).sequence_outputs == {"sequence_output"}
+
+
+def forge_header(bundle: Path, key: str, shape: tuple[int, ...]) -> None:
+    """Batch 0's ``key`` member rewritten with an .npy header that declares ``shape`` over its real data, the
+    manifest's sha256 made to match (the manifest is not signed)."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    entry = manifest["batches"][0]
+    path = bundle / entry["file"]
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    member = io.BytesIO(members[f"{key}.npy"])  # its header read, its data kept as bytes (nothing allocated)
+    np.lib.format.read_magic(member)
+    _, _, dtype = np.lib.format.read_array_header_1_0(member)
+    data = member.read()
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": dtype.str, "fortran_order": False, "shape": shape})
+    members[f"{key}.npy"] = header.getvalue() + data
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    entry["sha256"] = file_sha256(path)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_an_array_header_that_claims_more_than_its_data_is_refused_before_allocation(capfd, files, tmp_path) -> None:
+    """A header claiming 2^40 elements made numpy try to allocate 4 TiB (exit 3, MemoryError)."""
+    bundle = copy_bundle(files, tmp_path)
+    with np.load(bundle / "batches" / "00000.npz", allow_pickle=False) as archive:
+        real = archive["output/pooled_output"].shape
+    forge_header(bundle, "output/pooled_output", (1 << 20, 1 << 20))
+    result = run_cli(capfd, "parity", files["tflite"], bundle)
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "'output/pooled_output' declares (1048576, 1048576) float32")
+    forge_header(bundle, "output/pooled_output", real)  # a header that matches its data: the bundle is whole
+    assert run_cli(capfd, "parity", files["tflite"], bundle).exit_code == ExitCode.OK
 
 
 @pytest.mark.parametrize("damage", ["object-array", "nan-reference", "no-manifest", "bad-json", "sha", "escape"])

@@ -8,6 +8,7 @@ import pytest
 from pe_export.errors import BadInputError
 from pe_export.parity.metrics import compare_output
 from pe_export.parity.tolerances import FP32_TOLERANCE, Tolerance, tolerance_for
+from pe_export.specs import TensorSpec, sequence_outputs
 
 
 def test_statistics_and_worst_index() -> None:
@@ -37,6 +38,32 @@ def test_padded_positions_are_excluded() -> None:
     valid = np.array([[True] * 4, [True, True, True, False]])
     assert compare_output("h", actual, expected, FP32_TOLERANCE, valid).within_tolerance
     assert not compare_output("h", actual, expected, FP32_TOLERANCE).within_tolerance
+
+
+def test_a_hidden_axis_as_long_as_the_sequence_is_not_masked() -> None:
+    """A [batch, hidden] output with hidden equal to the checked length (MiniLM's pooled output at 384) is
+    masked by shape alone; the signature says it has no sequence axis, and then every unit counts."""
+    expected = np.zeros((2, 4))
+    actual = expected.copy()
+    actual[1, 3] = 9.0  # a hidden unit where the mask says "padding"
+    valid = np.array([[True] * 4, [True, True, True, False]])
+    assert compare_output("pooled", actual, expected, FP32_TOLERANCE, valid).within_tolerance  # by shape: skipped
+    assert not compare_output("pooled", actual, expected, FP32_TOLERANCE, valid, sequence=False).within_tolerance
+    assert compare_output("tokens", actual, expected, FP32_TOLERANCE, valid, sequence=True).within_tolerance
+
+
+def test_sequence_outputs_come_from_the_signature() -> None:
+    """Dynamic length: outputs whose axis 1 is dynamic too; fixed length 384: rank 3 with axis 1 of 384 only."""
+    dynamic_in = [TensorSpec("ids", "int32", (None, None))]
+    outputs = [
+        TensorSpec("pooled", "float32", (None, 384)),
+        TensorSpec("sequence", "float32", (None, None, 384)),
+        TensorSpec("start_logits", "float32", (None, None)),
+    ]
+    assert sequence_outputs(dynamic_in, outputs) == {"sequence", "start_logits"}
+    fixed_in = [TensorSpec("ids", "int32", (None, 384))]
+    fixed_out = [spec.at_length(384) for spec in outputs]
+    assert sequence_outputs(fixed_in, fixed_out) == {"sequence"}  # [batch, 384] is ambiguous: left unmasked
 
 
 def test_cosine_gate() -> None:

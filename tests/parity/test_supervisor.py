@@ -7,6 +7,7 @@ is refused); the child's work is replaced there by a real SIGSEGV or a real hang
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
-from pe_export.parity.supervisor import fork_is_safe
+from pe_export.parity.supervisor import fork_is_safe, signal_name
 
 # Runs in a light process: the real check_parity, with the child's check swapped for `behaviour`.
 PROBE = """
@@ -32,6 +33,8 @@ def in_the_child():  # after the fork, in the child only: this process must stay
     def run_check(*args, **kwargs):
         if behaviour == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
+        if behaviour == "rtsignal":  # outside signal.Signals: its default action ends the process
+            os.kill(os.getpid(), signal.SIGRTMIN + 3)
         if behaviour == "hang":
             time.sleep(600)
         return real(*args, **kwargs)
@@ -82,6 +85,12 @@ def test_a_forked_child_that_segfaults_is_one_line(checked: tuple[Path, Path]) -
     lines = probe(checked, "segfault")
     assert lines[0] == "fork True"
     assert lines[1].startswith("error RuntimeUnavailableError the runtime crashed (signal SIGSEGV) while loading")
+
+
+def test_a_signal_without_a_name_in_the_enum_is_a_crash_not_a_bug(checked: tuple[Path, Path]) -> None:
+    lines = probe(checked, "rtsignal")  # was exit 6: signal.Signals(-code) raised ValueError
+    assert lines[1].startswith("error RuntimeUnavailableError the runtime crashed (signal SIGRTMIN+3) while"), lines
+    assert (signal_name(signal.SIGSEGV), signal_name(999)) == ("SIGSEGV", "999")
 
 
 def test_a_forked_child_that_hangs_is_killed_at_the_deadline(checked: tuple[Path, Path]) -> None:
