@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,17 +41,19 @@ def convert_in_child(
     signature: str | None,
     quantize: str,
     allow_flex: bool,
-    digest: str,
+    digest: Callable[[], str],
     precision: str,
     *,
     with_float: bool = False,
 ) -> ChildConversion | None:
     """The converted file, its provenance stamped with the signature the child resolved, or None where the child
     failed: the in-process path then converts and reports. ``with_float``: the float32 file of the same
-    conversion too (dynamic-int8's search reads it)."""
+    conversion too (dynamic-int8's search reads it). ``digest`` is computed here while the child converts (it
+    reads every weight: 5 s at BERT-large), and handed to it through a file for the stamp."""
     with tempfile.TemporaryDirectory(prefix="pe-export-convert-") as scratch:
         request = Path(scratch) / "request.json"
         output = Path(scratch) / "model.tflite"
+        digest_file = Path(scratch) / "digest.txt"
         request.write_text(
             json.dumps(
                 {
@@ -57,25 +61,37 @@ def convert_in_child(
                     "signature": signature,
                     "quantize": quantize,
                     "allow_flex": allow_flex,
-                    "digest": digest,
+                    "digest_file": str(digest_file),
                     "precision": precision,
                     "with_float": with_float,
                     "output": str(output),
                 }
             )
         )
-        done = subprocess.run(
-            [sys.executable, "-m", "pe_export.converters.tflite_child", str(request)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0 or not output.is_file():
+        log = Path(scratch) / "child.log"
+        with log.open("wb") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "pe_export.converters.tflite_child", str(request)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+            try:
+                partial = digest_file.with_suffix(".partial")
+                partial.write_text(digest())
+                partial.replace(digest_file)  # the child sees the whole digest or none
+                returncode = child.wait()
+            except BaseException:  # an error or an interrupt here: the child goes with it
+                child.kill()
+                child.wait()
+                raise
+        if returncode != 0 or not output.is_file():
             return None
         answer = json.loads((Path(scratch) / "answer.json").read_text())
         float_file = output.with_name("float.tflite")
         float_data = float_file.read_bytes() if float_file.is_file() else None
-        return ChildConversion(output.read_bytes(), str(answer["signature"]), done.stderr, float_data)
+        text = log.read_text(errors="replace")
+        return ChildConversion(output.read_bytes(), str(answer["signature"]), text, float_data)
 
 
 def _signature_key(saved_model: Path, asked: str | None) -> str:
@@ -90,7 +106,17 @@ def _signature_key(saved_model: Path, asked: str | None) -> str:
     return choose_signature(saved_model, names, asked)  # a BadInputError exits non-zero: the parent says why
 
 
+def _digest(path: Path, parent: int) -> str:
+    """The model's digest, written by the parent (process ``parent``) while this child converted."""
+    while not path.is_file():
+        if os.getppid() != parent:
+            raise SystemExit("the exporting process is gone: no digest to stamp the file with")
+        time.sleep(0.05)
+    return path.read_text()
+
+
 def _main(request_path: Path) -> None:
+    parent = os.getppid()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from pe_export.converters.tflite import configure_converter
     from pe_export.native import import_tensorflow
@@ -110,7 +136,7 @@ def _main(request_path: Path) -> None:
         if mode != request["quantize"]:
             output.with_name("float.tflite").write_bytes(data)
             continue
-        provenance = provenance_entries(request["digest"], request["precision"], key)
+        provenance = provenance_entries(_digest(Path(request["digest_file"]), parent), request["precision"], key)
         output.write_bytes(embed_tflite_metadata(data, provenance, signature_key=key))
         del data
     (output.parent / "answer.json").write_text(json.dumps({"signature": key}))

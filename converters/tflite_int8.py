@@ -33,6 +33,7 @@ import numpy as np
 from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target
 from pe_export.converters.smoothing import SMOOTHING_ROWS, WEIGHT_LEVELS, Smoothing, choose_scales, thinned
 from pe_export.parity.tolerances import Tolerance
+from pe_export.provenance import pack_tflite
 
 # Builtin ops whose hybrid (int8 weight, float activation) kernels also run with a float32 weight.
 HYBRID_OPS = ("FULLY_CONNECTED", "BATCH_MATMUL", "CONV_2D", "DEPTHWISE_CONV_2D")
@@ -231,7 +232,7 @@ class DynamicRangeFile:
                 weight.op.outputs = list(weight.dequantize.outputs)
                 self.model.subgraphs[0].operators.remove(weight.dequantize)
         try:
-            return packed(self.model, self._bytes)
+            return pack_tflite(self.model, self._bytes)
         finally:
             for tensor, kind, quantization, buffer, data, op, outputs in saved:
                 tensor.type, tensor.quantization, buffer.data, op.outputs = kind, quantization, data, outputs
@@ -252,20 +253,9 @@ class DynamicRangeFile:
             signature.outputs.append(entry)
             added[name] = entry.name.decode()
         try:
-            return packed(self.float_model, self._bytes), added
+            return pack_tflite(self.float_model, self._bytes), added
         finally:
             graph.outputs, signature.outputs = outputs, maps
-
-
-def packed(model: Any, size: int) -> bytes:
-    """``model`` (flatbuffer objects) as file bytes, in a builder sized for ``size`` bytes up front: the
-    converter's helper starts at 1 KiB and doubles, copying the whole file each time (BERT-base: 1.5 s of
-    a 2.3 s pack)."""
-    import flatbuffers
-
-    builder = flatbuffers.Builder(size + (1 << 20))
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
 
 
 def int8_to_target(

@@ -251,7 +251,7 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
         options.signature,
         options.quantize,
         allow_flex,
-        source.digest,
+        lambda: source.digest,
         options.precision,
         with_float=options.quantize == "dynamic-int8" and options.verify,
     )

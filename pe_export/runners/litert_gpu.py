@@ -76,7 +76,8 @@ class LiteRTGpuRunner(Runner):
         self._model: Any = None
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
-        self._buffers: tuple[list[Any], list[Any]] = ([], [])
+        self._signature_key = ""
+        self._buffers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self._description = ""
 
     @classmethod
@@ -113,7 +114,7 @@ class LiteRTGpuRunner(Runner):
         self.compile_log = gpu_log_summary(captured.text)
         if error is not None:
             raise self._compile_error(error)
-        self._buffers = (self._model.create_input_buffers(0), self._model.create_output_buffers(0))
+        self._signature_key, self._buffers = buffers_by_name(self._model, self._inputs, self._outputs)
         self._description = self._describe_compiled(self._model.is_fully_accelerated())
 
     def _read_signature(self) -> None:
@@ -132,6 +133,12 @@ class LiteRTGpuRunner(Runner):
             raise BadInputError(
                 f"litert-gpu needs fixed input shapes; {self.model_path.name} takes {', '.join(dynamic)}: export it "
                 "with --batch N --seq-len L (and make the golden bundle with the same --batch and --seq-len)"
+            )
+        dynamic = [spec.describe() for spec in self._outputs if None in spec.shape]
+        if dynamic:
+            raise BadInputError(
+                f"litert-gpu needs fixed output shapes; {self.model_path.name} gives {', '.join(dynamic)} at fixed "
+                "inputs (an output sized by the data); run it on the CPU runtimes (--runtime litert)"
             )
 
     def _compile_error(self, err: Exception) -> RuntimeUnavailableError:
@@ -153,7 +160,8 @@ class LiteRTGpuRunner(Runner):
         if self._model is None:
             raise RuntimeError("activate() the runner before infer()")
         inputs, outputs = self._buffers
-        for spec, buffer in zip(self._inputs, inputs, strict=True):
+        for spec in self._inputs:
+            buffer = inputs[spec.name]
             if spec.name not in feed:
                 raise BadInputError(f"litert-gpu needs input {spec.name!r}; got {', '.join(feed)}")
             value = np.ascontiguousarray(feed[spec.name], dtype=spec.dtype)
@@ -164,13 +172,14 @@ class LiteRTGpuRunner(Runner):
                 )
             buffer.write(value)
         try:
-            self._model.run_by_index(0, inputs, outputs)
+            self._model.run_by_name(self._signature_key, inputs, outputs)
         except RuntimeError as err:
             raise RuntimeUnavailableError(f"litert-gpu failed to run {self.model_path.name}: {one_line(err)}") from err
-        return {
-            spec.name: buffer.read(math.prod(d or 0 for d in spec.shape), np.dtype(spec.dtype)).reshape(spec.shape)
-            for spec, buffer in zip(self._outputs, outputs, strict=True)
-        }
+        result = {}
+        for spec in self._outputs:  # every output's shape is fixed (checked at activation)
+            values = outputs[spec.name].read(math.prod(d or 0 for d in spec.shape), np.dtype(spec.dtype))
+            result[spec.name] = values.reshape(spec.shape)
+        return result
 
     def input_specs(self) -> list[TensorSpec]:
         return list(self._inputs)
@@ -194,5 +203,16 @@ class LiteRTGpuRunner(Runner):
         return f"litert-gpu[{'; '.join(parts)}]"
 
     def deactivate(self) -> None:
-        self._buffers = ([], [])
+        self._buffers = ({}, {})
         self._model = None
+
+
+def buffers_by_name(model: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[str, tuple[dict, dict]]:
+    """The first signature's key, and a buffer for each input and output bound by its name. The CPU
+    interpreter's signature lists names sorted; CompiledModel keeps the file's order: zipping the two by
+    position swapped inputs of a file whose signature is not sorted."""
+    key = str(model.get_signature_by_index(0)["key"])
+    return key, (
+        {spec.name: model.create_input_buffer_by_name(key, spec.name) for spec in inputs},
+        {spec.name: model.create_output_buffer_by_name(key, spec.name) for spec in outputs},
+    )

@@ -83,3 +83,46 @@ def test_a_target_only_float_meets_is_refused_not_stamped_int8(encoder: Path, tm
         export_tflite(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=1.0))
     assert raised.value.exit_code == ExitCode.PARITY_FAILED
     assert not output.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_probe_grows_by_the_rows_a_verdict_fails_on_and_the_count_is_the_fewest() -> None:
+    """The search's own logic on a model whose rows need different weights: row 7 (in the second batch) is hurt
+    only by weights w10–w19, which the all-int8 probe (rows 0 and 1, hurt by w0–w9) cannot see. The verdict at the
+    probe's count fails on row 7, row 7 joins the probe, and the count found is the fewest in the ranking's order
+    that passes every row alone (checked against every count)."""
+    import numpy as np
+
+    from pe_export.converters.keep_float import Judging, keep_float_to_target
+    from pe_export.parity.tolerances import Tolerance
+
+    rng = np.random.default_rng(0)
+    direction, error = rng.normal(size=16), rng.normal(size=16)
+    names = [f"w{i}" for i in range(20)]
+    hurt = np.zeros((8, 20))  # hurt[row, weight]: the error a row takes while that weight is int8
+    hurt[0, :10], hurt[1, :10] = np.linspace(0.02, 0.2, 10), np.linspace(0.01, 0.1, 10)
+    hurt[7, 10:] = np.linspace(0.002, 0.02, 10)
+    feeds = [{"row": np.arange(4)[:, None]}, {"row": np.arange(4, 8)[:, None]}]
+    expected = [{"y": np.tile(direction, (4, 1))} for _ in feeds]
+
+    def run(kept: frozenset[str], given: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        quantized = np.array([name not in kept for name in names], float)
+        return [{"y": direction + (hurt[feed["row"][:, 0]] @ quantized)[:, None] * error} for feed in given]
+
+    tolerance = Tolerance(atol=10.0, rtol=10.0, min_cosine=0.9995)
+    judging = Judging(feeds, [None, None], expected, rows_alone=True)
+    outcome = keep_float_to_target(names, dict.fromkeys(names, 4), frozenset, run, judging, tolerance, {})
+    assert outcome.passed and 0 < len(outcome.kept_float) < len(names)
+    assert any(int(name[1:]) >= 10 for name in outcome.kept_float)  # row 7's weights, seen once it joined
+    assert outcome.verdicts >= 3  # all-int8, the probe's first count (failed on row 7), the count found
+
+    def passes(count: int) -> bool:
+        got = run(frozenset(ranked[:count]), feeds)
+        return all(
+            float(np.dot(g, w) / np.linalg.norm(g) / np.linalg.norm(w)) >= tolerance.min_cosine
+            for o, e in zip(got, expected, strict=True)
+            for g, w in zip(o["y"], e["y"], strict=True)
+        )
+
+    ranked = sorted(names, key=lambda n: -outcome.sensitivity[n])  # the search's order (sizes are equal)
+    assert outcome.kept_float == ranked[: len(outcome.kept_float)]
+    assert len(outcome.kept_float) == next(count for count in range(len(names) + 1) if passes(count))

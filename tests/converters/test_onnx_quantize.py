@@ -14,17 +14,19 @@ from pe_export.errors import ExitCode
 def test_int8_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
     model = saved_model("encoder_dynamic")
     default = export_onnx(model, tmp_path / "default.onnx", ExportOptions(quantize="dynamic-int8"))
-    strict = export_onnx(model, tmp_path / "strict.onnx", ExportOptions(quantize="dynamic-int8", min_cosine=0.99999))
+    assert default.parity is not None and default.parity.min_cosine < 1 - 1e-7  # int8 changed the outputs
+    # A target the default misses whatever the random init: a third of the default's distance from cosine 1.
+    target = 1 - (1 - default.parity.min_cosine) / 3
+    strict = export_onnx(model, tmp_path / "strict.onnx", ExportOptions(quantize="dynamic-int8", min_cosine=target))
     default_note = next(n for n in default.notes if n.startswith("int8:"))
     strict_note = next(n for n in strict.notes if n.startswith("int8:"))
     print(default_note, default.parity.min_cosine, "|", strict_note, strict.parity.min_cosine)
     # 3 MatMuls and 4 attention projections (tf2onnx's Gemm, quantized as MatMul), every one int8.
     assert default.exit_code == ExitCode.OK and "all 7 quantizable nodes quantized" in default_note
     assert "4 Gemm node(s) as MatMul" in default_note
-    assert default.parity.min_cosine < 0.99999  # what the strict target must correct
-    assert strict.exit_code == ExitCode.OK and {t.min_cosine for t in strict.parity.tolerances.values()} == {0.99999}
+    assert strict.exit_code == ExitCode.OK and {t.min_cosine for t in strict.parity.tolerances.values()} == {target}
     kept = re.search(r"(\d+) of 7 quantizable nodes kept in float", strict_note)
-    assert kept and 1 <= int(kept[1]) < 7 and strict.parity.min_cosine >= 0.99999
+    assert kept and 1 <= int(kept[1]) < 7 and strict.parity.min_cosine >= target
     assert default.summary.file_bytes < strict.summary.file_bytes  # the float nodes cost bytes
 
 

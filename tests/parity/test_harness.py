@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -254,19 +255,50 @@ def test_missing_provider_is_exit_3_not_a_cpu_fallback(capfd, files) -> None:
     assert_one_line_error(result, ExitCode.RUNTIME_UNAVAILABLE, "CUDAExecutionProvider not available")
 
 
-def test_child_crash_and_hang_are_reported(files, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # A child that dies mid-check (a runtime's segfault, here SIGKILL from a launcher) and one that never
-    # answers: exit 3 in one line each, and the supervising process survives both.
-    killer = tmp_path / "python-that-dies"
-    killer.write_text(f'#!/bin/sh\n{sys.executable} "$@" &\nchild=$!\nsleep 0.1\nkill -9 $child\nwait $child\n')
-    killer.chmod(0o755)
-    monkeypatch.setenv(CHILD_PYTHON_ENV, str(killer))
-    slow_start = ParityOptions(timeout_s=60.0)
-    with pytest.raises(RuntimeUnavailableError, match=r"the runtime crashed \((signal SIGKILL|exit status 137)\)"):
-        check_parity(files["tflite"], files["bundle"], slow_start)
-    monkeypatch.delenv(CHILD_PYTHON_ENV)
-    with pytest.raises(RuntimeUnavailableError, match=r"did not answer within 0\.001 s while loading"):
-        check_parity(files["onnx"], files["bundle"], ParityOptions(timeout_s=0.001))
+# The spawned child, with its check replaced by a real SIGSEGV or a real hang (in the child itself, not a shell
+# around it); then the supervisor's own module runs as it would.
+CHILD_WRAPPER = """
+import os, runpy, signal, sys, time
+import pe_export.parity.inprocess as inprocess
+
+real = inprocess.run_check
+behaviour = os.environ["PE_EXPORT_TEST_CHILD"]
+
+def run_check(*args, **kwargs):
+    if behaviour == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour == "hang":
+        time.sleep(600)
+    return real(*args, **kwargs)
+
+inprocess.run_check = run_check
+sys.argv = [sys.argv[0], *sys.argv[3:]]  # past "-m pe_export.parity.supervisor"
+runpy.run_module("pe_export.parity.supervisor", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "message"),
+    [
+        ("segfault", r"the runtime crashed \(signal SIGSEGV\) while loading"),
+        ("hang", r"did not answer within 5 s while loading"),
+    ],
+)
+def test_a_spawned_child_that_crashes_or_hangs_is_one_line(
+    files, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, behaviour: str, message: str
+) -> None:
+    """A fresh-interpreter child (this process has numpy loaded, so it is never forked from) that takes a real
+    signal, or never answers: exit 3 in one line each, and the supervising process survives both."""
+    wrapper = tmp_path / "child.py"
+    wrapper.write_text(CHILD_WRAPPER)
+    monkeypatch.setenv(CHILD_PYTHON_ENV, f"{sys.executable} {wrapper}")
+    monkeypatch.setenv("PE_EXPORT_TEST_CHILD", behaviour)
+    started = time.monotonic()
+    with pytest.raises(RuntimeUnavailableError, match=message):
+        check_parity(files["tflite"], files["bundle"], ParityOptions(timeout_s=5.0))
+    assert time.monotonic() - started < 60  # the hang was cut at its deadline
+    monkeypatch.setenv("PE_EXPORT_TEST_CHILD", "check")
+    assert check_parity(files["tflite"], files["bundle"], ParityOptions(timeout_s=60.0)).passed  # the wrapper is sound
 
 
 def test_the_supervising_process_loads_neither_numpy_nor_a_runtime(files) -> None:

@@ -196,3 +196,49 @@ def test_compile_log_is_read_for_adapter_partition_and_unsupported_ops() -> None
         },
     }
     assert gpu_log_summary("ERROR: Failed to initialize WebGPU environment: INTERNAL: No adapters found")["no_adapter"]
+
+
+def test_buffers_are_bound_by_name_where_the_signature_is_not_sorted(tmp_path: Path) -> None:
+    """CompiledModel keeps the file's input order (zeta, alpha); the CPU interpreter's signature lists them
+    sorted. Bound by position, zeta took alpha's values. Run here on CompiledModel's CPU accelerator: the
+    binding is the same code the GPU path uses."""
+    import numpy as np
+
+    from pe_export.native import import_tensorflow
+    from pe_export.runners.litert import LiteRTRunner
+    from pe_export.runners.litert_gpu import buffers_by_name
+
+    tf = import_tensorflow()
+
+    class Unsorted(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([1, 4], tf.float32, name="zeta"),
+                tf.TensorSpec([1, 4], tf.float32, name="alpha"),
+            ]
+        )
+        def serve(self, zeta, alpha):  # type: ignore[no-untyped-def]
+            return {"out_b": zeta * 2.0 + alpha, "out_a": zeta - alpha}
+
+    module = Unsorted()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.serve.get_concrete_function()], module)
+    path = tmp_path / "unsorted.tflite"
+    path.write_bytes(converter.convert())
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import Options
+
+    model = CompiledModel.from_file(str(path), options=Options(hardware_accelerators=HardwareAccelerator.CPU))
+    assert model.get_signature_by_index(0)["inputs"] == ["zeta", "alpha"]  # the file's order
+    reader = LiteRTRunner(path)
+    reader.activate()
+    inputs, outputs = reader.input_specs(), reader.output_specs()
+    reader.deactivate()
+    assert [spec.name for spec in inputs] != ["zeta", "alpha"]  # what was zipped with it, by position
+    key, (in_buffers, out_buffers) = buffers_by_name(model, inputs, outputs)
+    zeta, alpha = np.full((1, 4), 3.0, np.float32), np.full((1, 4), 1.0, np.float32)
+    in_buffers["zeta"].write(zeta)
+    in_buffers["alpha"].write(alpha)
+    model.run_by_name(key, in_buffers, out_buffers)
+    np.testing.assert_array_equal(out_buffers["out_b"].read(4, np.dtype("float32")), (2 * zeta + alpha).ravel())
+    np.testing.assert_array_equal(out_buffers["out_a"].read(4, np.dtype("float32")), (zeta - alpha).ravel())
