@@ -2,6 +2,7 @@
 memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
 
     python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--cap-gb 21]
+                               [--repeat 3]
 
 Random-init keras-hub BertBackbones built in code (weights drawn from a seeded normal so no two are equal, as
 in a trained model): MiniLM-sized (6 layers, d=384), BERT-base (12, 768) and BERT-large (24, 1024) shapes, vocab
@@ -16,6 +17,7 @@ pe-export's own fp32 export of the same model and format (the int8 rows: dynamic
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,8 +119,28 @@ def variables_mb(saved_model: Path) -> float:
     return sum(p.stat().st_size for p in (saved_model / "variables").glob("*")) / 1e6
 
 
+def median_run(runs: list[Measured]) -> Measured:
+    """The median wall time and peak of runs that all succeeded; else the first that did not."""
+    failed = [run for run in runs if run.returncode or run.killed]
+    if failed:
+        return failed[0]
+    wall, peak = statistics.median(r.wall_s for r in runs), int(statistics.median(r.peak_bytes for r in runs))
+    return Measured(wall, peak, 0, False)
+
+
+def paired(bare: list[str], ours: list[str], cap: int, repeat: int) -> tuple[list[Measured], list[Measured]]:
+    """``repeat`` runs of each, in turn (bare, ours, bare, …): a ratio taken pair by pair holds while the
+    machine's speed drifts (this shared one drifted 1.6x between days)."""
+    them, us = [], []
+    for _ in range(repeat):
+        if bare:
+            them.append(measure(bare, cap))
+        us.append(measure(ours, cap))
+    return them, us
+
+
 def rows_for(
-    size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path
+    size: str, saved_model: Path, formats: list[str], modes: list[str], cap: int, out: Path, repeat: int = 1
 ) -> list[list[str]]:
     rows = []
     for file_format in formats:
@@ -136,11 +158,16 @@ def rows_for(
             ours = ["pe-export", file_format, str(saved_model), "-o", str(target), "--overwrite"]
             if mode != "none":
                 ours += ["--quantize", *mode.split()]
-            them = measure(bare, cap) if bare else None
-            us = measure(ours, cap)
+            their_runs, our_runs = paired(bare, ours, cap, repeat)
+            them = median_run(their_runs) if their_runs else None
+            us = median_run(our_runs)
             fp32 = us if mode == "none" else fp32
             label = f"{file_format} {mode if mode != 'none' else 'fp32'}"
-            rows.append([size, label, *_compared(them, us, file_format), _times_fp32(us, fp32)])
+            row = [size, label, *_compared(them, us, file_format), _times_fp32(us, fp32)]
+            if their_runs and them is not None and not (them.returncode or us.returncode) and repeat > 1:
+                ratios = sorted(u.wall_s / t.wall_s for t, u in zip(their_runs, our_runs, strict=True))
+                row[7] = f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+            rows.append(row)
             print("  " + " | ".join(rows[-1]), flush=True)
     return rows
 
@@ -173,6 +200,13 @@ def main() -> None:
         "so the keep-float search runs)",
     )
     parser.add_argument("--cap-gb", type=float, default=21.0)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each command, bare and pe-export in turn: medians, and the "
+        "time ratio as the median of the pairs' (with their range)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="keep SavedModels here between runs")
     args = parser.parse_args()
     modes = ["none", "dynamic-int8", f"dynamic-int8 --min-cosine {STRICT_COSINE}"] if args.int8 else ["none"]
@@ -183,7 +217,9 @@ def main() -> None:
         for size in args.sizes.split(","):
             saved_model = build(size, work)
             print(f"{size}: {SHAPES[size]} SavedModel variables {variables_mb(saved_model):,.0f} MB", flush=True)
-            table += rows_for(size, saved_model, args.formats.split(","), modes, int(args.cap_gb * 1e9), work)
+            table += rows_for(
+                size, saved_model, args.formats.split(","), modes, int(args.cap_gb * 1e9), work, args.repeat
+            )
     header = ["model", "export", "bare", "bare wall", "bare peak", "pe-export wall", "pe-export peak", "time", "memory"]
     header.append("x fp32 time")
     widths = [max(len(str(row[i])) for row in [header, *table]) for i in range(len(header))]
