@@ -176,22 +176,22 @@ def keep_float_to_target(
     low, chosen = 0, None
     while chosen is None:
         count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])
-        model, cosine, passed, scores = judge(ranked[:count])  # every weight in float: the note says so
-        if passed or count == len(ranked):
+        if count == len(ranked):  # nothing left int8: that is a float file, not an int8 one
+            raise ParityError(
+                f"dynamic-int8: no file with an int8 weight meets the target (cosine >= {tolerance.min_cosine:g}, "
+                f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the verification inputs: every weight int8 "
+                f"reached {outcome.cosine:.6f}, and no count short of all {len(ranked)} kept in float passes; "
+                "nothing was written. Ask for less (--min-cosine), or export in float (no --quantize, or "
+                "--quantize float16)"
+            )
+        model, cosine, passed, scores = judge(ranked[:count])
+        if passed:
             chosen = count
             continue
         rest = [unit for unit in units if unit not in probe]
         if rest:
             probe.append(min(rest, key=lambda unit: scores[unit]))
         low = count + 1
-    if chosen == len(ranked):  # nothing left int8: that is a float file, not an int8 one
-        raise ParityError(
-            f"dynamic-int8: no file with an int8 weight meets the target (cosine >= {tolerance.min_cosine:g}, "
-            f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the verification inputs: every weight int8 "
-            f"reached {outcome.cosine:.6f}, and no count short of all {len(ranked)} kept in float passes; nothing was "
-            "written. "
-            "Ask for less (--min-cosine), or export in float (no --quantize, or --quantize float16)"
-        )
     outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:chosen], cosine, passed
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
     outcome.runs, outcome.verdicts = runs, verdicts

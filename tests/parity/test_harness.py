@@ -297,8 +297,9 @@ def test_a_spawned_child_that_crashes_or_hangs_is_one_line(
     with pytest.raises(RuntimeUnavailableError, match=message):
         check_parity(files["tflite"], files["bundle"], ParityOptions(timeout_s=5.0))
     assert time.monotonic() - started < 60  # the hang was cut at its deadline
-    monkeypatch.setenv("PE_EXPORT_TEST_CHILD", "check")
-    assert check_parity(files["tflite"], files["bundle"], ParityOptions(timeout_s=60.0)).passed  # the wrapper is sound
+    if behaviour == "segfault":  # once: the wrapper itself runs a sound check
+        monkeypatch.setenv("PE_EXPORT_TEST_CHILD", "check")
+        assert check_parity(files["tflite"], files["bundle"], ParityOptions(timeout_s=60.0)).passed
 
 
 def test_the_supervising_process_loads_neither_numpy_nor_a_runtime(files) -> None:
