@@ -274,8 +274,9 @@ def int8_to_target(
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         folder = Path(work)
         expected = _run(float_file, feeds, folder)
+        rows_alone = _batch_is_dynamic(edited.float_model)
         capturing, names = edited.capturing(list(edited.smoothable()))
-        smoothing = edited.smooth(_captured(capturing, names, feeds, masks, folder))
+        smoothing = edited.smooth(_captured(capturing, names, feeds, masks, folder, rows_alone))
         del capturing
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
         outcome = keep_float_to_target(
@@ -283,7 +284,7 @@ def int8_to_target(
             sizes,
             edited.build,
             lambda data, f: _run(data, f, folder),
-            Judging(feeds, masks, expected, _batch_is_dynamic(edited.float_model), sequence_outputs),
+            Judging(feeds, masks, expected, rows_alone, sequence_outputs),
             tolerance,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
         )
@@ -314,11 +315,12 @@ def _captured(
     feeds: list[dict[str, np.ndarray]],
     masks: list[np.ndarray | None],
     folder: Path,
+    rows_alone: bool,
 ) -> dict[str, np.ndarray]:
     """The tensors ``names`` maps to output names of ``data`` (``DynamicRangeFile.capturing``), as rows
     [n, channels] of valid positions only (padding never sets a range: each row is its own range here), on
-    the feeds' rows taken in turn (variety first) until ``CAPTURE_POSITIONS`` valid positions are in; a
-    batch whose axis is dynamic runs a row at a time."""
+    the feeds' rows taken in turn (variety first) until ``CAPTURE_POSITIONS`` valid positions are in; where
+    ``rows_alone`` (the batch axis is dynamic: ``_batch_is_dynamic``) a batch runs a row at a time."""
     from pe_export.runners import create_runner
 
     path = folder / "capturing.tflite"
@@ -326,11 +328,10 @@ def _captured(
     gathered: dict[str, list[np.ndarray]] = {name: [] for name in names}
     with create_runner(_runtime(path), path, threads=RUN_THREADS) as runner:
         inputs = {spec.name for spec in runner.input_specs()}
-        splittable = all(spec.shape and spec.shape[0] is None for spec in runner.input_specs())
         calls = []  # (feed, mask, row or None for the whole feed), the feeds' rows interleaved
         for feed, mask in zip(feeds, masks, strict=True):
             given = {k: v for k, v in feed.items() if k in inputs}
-            rows = next(iter(given.values())).shape[0] if given and splittable else 0
+            rows = next(iter(given.values())).shape[0] if given and rows_alone else 0
             calls.append([(given, mask, row) for row in range(rows)] if rows else [(given, mask, None)])
         positions = 0
         for given, mask, row in (call for group in itertools.zip_longest(*calls) for call in group if call):

@@ -63,10 +63,9 @@ class ExportReport:
     def loss_is_the_tables(self) -> bool:
         """--allow-lossy with lossy tables, and the file meets its tolerance against the model computed with
         them: what parity misses is the tables' loss, which the user accepted."""
-        checked = self.against_lossy_tables
-        return bool(self.lossy_tables and self.options.tables.allow_lossy and checked) and all(
-            output.within_tolerance for output in checked or []
-        )
+        checked = self.against_lossy_tables or []
+        accepted = bool(self.lossy_tables and self.options.tables.allow_lossy and checked)
+        return accepted and all(output.within_tolerance for output in checked)
 
     @property
     def exit_code(self) -> ExitCode:

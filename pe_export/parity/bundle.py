@@ -111,20 +111,18 @@ class Bundle:
             yield self._load(index, entry)
 
     def _load(self, index: int, entry: dict[str, Any]) -> Batch:
-        arrays = self._read_checked(entry["file"], entry["sha256"])
+        samples = int(entry["samples"])
+        arrays = self._read_checked(entry["file"], entry["sha256"], samples)
         inputs = {k[len(INPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(INPUT_PREFIX)}
         outputs = {k[len(OUTPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(OUTPUT_PREFIX)}
         where = f"bundle {self.path}: {entry['file']}"
         if VALID_KEY not in arrays:
             raise BadInputError(f"{where} has no 'valid' mask")
         valid = arrays[VALID_KEY].astype(bool)
-        samples = int(entry["samples"])
         for kind, specs, found in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
             missing = sorted({s.name for s in specs} - set(found))
-            if missing:
+            if missing:  # each present one's dtype and shape were checked from its header (_declared_check)
                 raise BadInputError(f"{where} lacks {kind}s {', '.join(missing)}")
-            for spec in specs:
-                _check_array(self.path / entry["file"], kind, spec, found[spec.name], samples)
         for name, array in outputs.items():
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
                 raise BadInputError(
@@ -135,7 +133,7 @@ class Bundle:
             raise BadInputError(f"{where} 'valid' has shape {valid.shape}")
         return Batch(index, inputs, outputs, valid, self._labels(arrays, outputs, where))
 
-    def _read_checked(self, file: str, sha256: str) -> dict[str, np.ndarray]:
+    def _read_checked(self, file: str, sha256: str, samples: int) -> dict[str, np.ndarray]:
         """A batch file's arrays, once it is known to be the bundle's own, present and unchanged."""
         path = self.path / file
         if _leaves(self.path, path):
@@ -147,13 +145,11 @@ class Bundle:
             raise BadInputError(f"bundle {self.path}: {file} is missing; the bundle is incomplete")
         if file_sha256(path) != sha256:
             raise BadInputError(f"bundle {self.path}: {file} does not match its sha256 in the manifest")
-        return read_npz(path, self._declared_check(file))
+        return read_npz(path, self._declared_check(file, samples))
 
-    def _declared_check(self, file: str) -> Declared:
+    def _declared_check(self, file: str, samples: int) -> Declared:
         """What a batch file's arrays may declare, checked before any is read: inputs and outputs as the
-        manifest's specs say for the batch's samples; the mask and labels no larger per sample than they are."""
-        entry = next(e for e in self.manifest["batches"] if e["file"] == file)
-        samples = int(entry["samples"])
+        manifest's specs say for the batch's ``samples``; the mask and labels no larger per sample than they are."""
         specs = {f"{INPUT_PREFIX}{s.name}": s for s in self.inputs} | {
             f"{OUTPUT_PREFIX}{s.name}": s for s in self.outputs
         }
@@ -200,16 +196,6 @@ def _leaves(root: Path, path: Path) -> bool:
 
 def _spec(entry: dict[str, Any]) -> TensorSpec:
     return TensorSpec(entry["name"], entry["dtype"], tuple(entry["shape"]))
-
-
-def _check_array(where: Path, kind: str, spec: TensorSpec, array: np.ndarray, samples: int) -> None:
-    if array.dtype.name != spec.dtype:
-        raise BadInputError(f"bundle {where}: {kind} {spec.name!r} is {array.dtype.name}, manifest says {spec.dtype}")
-    expected = (samples, *spec.shape[1:])
-    if tuple(array.shape) != expected:
-        raise BadInputError(
-            f"bundle {where}: {kind} {spec.name!r} has shape {tuple(array.shape)}, manifest says {expected}"
-        )
 
 
 # Deflate expands at most about 1,032 to 1: a compressed member claiming more than that of its stored size lies.

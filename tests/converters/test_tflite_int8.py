@@ -84,7 +84,7 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
     assert sorted(len(names) for names in edited.smoothable().values()) == [1, 2]  # x read twice, relu(y) once
     given = feeds(6)
     capturing, names = edited.capturing(list(edited.smoothable()))
-    smoothing = edited.smooth(_captured(capturing, names, given, [None] * len(given), tmp_path))
+    smoothing = edited.smooth(_captured(capturing, names, given, [None] * len(given), tmp_path, rows_alone=True))
     held_out = feeds(7)
     reference = run(float_file, held_out, tmp_path)
     plain = relative_error(run(quantized, held_out, tmp_path), reference)
@@ -109,7 +109,7 @@ def test_smoothing_sees_valid_rows_only(outlier_files: tuple[bytes, bytes], tmp_
     edited = DynamicRangeFile(quantized, float_file)
     capturing, names = edited.capturing(list(edited.smoothable()))
     assert len(names) == 2  # x and relu(y), outputs of the capturing file now
-    captured = _captured(capturing, names, [{"x": x}], [valid], tmp_path)
+    captured = _captured(capturing, names, [{"x": x}], [valid], tmp_path, rows_alone=True)
     np.testing.assert_array_equal(captured[next(n for n in names if captured[n].shape[-1] == 64)], x[valid])
     # the capturing file still computes the float file's outputs, and the float objects are as they were
     (got,), (want,) = run(capturing, [{"x": x}], tmp_path), run(float_file, [{"x": x}], tmp_path)
