@@ -2,7 +2,8 @@
 
 Over 1,000 cases per run (derandomised, so CI is repeatable). Every case must end in a
 documented exit code with one line — a non-PeExportError escaping (exit 6) counts as a
-parent crash — and leave no temporary file behind. The figures are printed at the end.
+parent crash — and leave no temporary file behind. Each test tallies and checks its own cases, so
+it gives the same verdict alone, in any order or split across workers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import re
 import shutil
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,16 +28,33 @@ from pe_export.parity.bundle import file_sha256
 
 pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
 
-FIGURES = {"cases": 0, "parent_crashes": 0, "partial_files": 0, "child_runs": 0, "child_crashes": 0}
-EXIT_CODES: Counter[int] = Counter()
-MESSAGES: set[str] = set()
-CRASHES: list[str] = []
 SETTINGS = dict(
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 ALLOWED = {int(code) for code in ExitCode} - {int(ExitCode.INTERNAL_ERROR)}
+
+
+@dataclass
+class Figures:
+    """One fuzz test's own tally: each test is judged on the cases it ran, alone or beside the others."""
+
+    name: str
+    cases: int = 0
+    child_runs: int = 0
+    child_crashes: int = 0
+    exit_codes: Counter[int] = field(default_factory=Counter)
+    messages: set[str] = field(default_factory=set)
+
+    def check(self, examples: int, distinct_messages: int) -> None:
+        print(
+            f"\nfuzz {self.name}: {self.cases} cases ({self.child_runs} through a runtime child), "
+            f"distinct error messages {len(self.messages)}, runtime children that crashed and were reported "
+            f"{self.child_crashes}, exit codes {dict(sorted(self.exit_codes.items()))}"
+        )
+        assert self.cases >= examples  # every example ran (a crash or partial file fails its own case)
+        assert len(self.messages) >= distinct_messages, sorted(self.messages)  # many different checks reached
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +67,10 @@ def corpus(saved_model, exported_file, tmp_path_factory: pytest.TempPathFactory)
     return paths
 
 
-def run_case(work: Path, *args: str | Path) -> int:
+def run_case(figures: Figures, work: Path, *args: str | Path) -> int:
     """One CLI run in this process; classify the outcome."""
-    FIGURES["cases"] += 1
+    figures.cases += 1
+    crash = ""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -60,20 +80,16 @@ def run_case(work: Path, *args: str | Path) -> int:
             code = int(exit_info.code or 0)
         except BaseException as escaped:  # anything else would take a user's process down
             code = -1
-            CRASHES.append(f"{type(escaped).__name__}: {escaped}")
-    EXIT_CODES[code] += 1
+            crash = f"{type(escaped).__name__}: {escaped}"
+    figures.exit_codes[code] += 1
     if "crashed (signal" in err.getvalue():
-        FIGURES["child_crashes"] += 1  # the runtime died in its child process; the checker reported it
-    if code not in ALLOWED:
-        FIGURES["parent_crashes"] += 1
-        CRASHES.append(err.getvalue()[-300:])
+        figures.child_crashes += 1  # the runtime died in its child process; the checker reported it
     lines = [line for line in err.getvalue().splitlines() if line.startswith("error: ")]
     if lines:
-        MESSAGES.add(re.sub(r"[0-9]+|/\S+|'[^']*'", "#", lines[0])[:90])
+        figures.messages.add(re.sub(r"[0-9]+|/\S+|'[^']*'", "#", lines[0])[:90])
     stray = [p for p in work.rglob("*") if p.name.endswith(".tmp") or p.name.endswith(".old")]
-    FIGURES["partial_files"] += len(stray)
     # Every example on its own: an allowed exit code (a one-line error, never a traceback) and no partial file.
-    assert code in ALLOWED, (args, CRASHES[-1:])
+    assert code in ALLOWED, (args, crash or err.getvalue()[-300:])
     assert not stray, (args, stray)
     return code
 
@@ -90,27 +106,28 @@ CUTS = st.one_of(st.none(), st.integers(0, 200_000))
 
 
 def fuzz_model_file(
-    corpus: dict[str, Path], kind: str, flips: list[tuple[int, int]], cut: int | None, run: int
+    corpus: dict[str, Path], figures: Figures, kind: str, flips: list[tuple[int, int]], cut: int | None, run: int
 ) -> None:
     """Inspect a mutated exported file; now and then also run it, in the runtime's child process."""
     path = corpus["work"] / f"fuzz.{kind}"
     path.write_bytes(mutate(corpus[kind].read_bytes(), flips, cut))
-    run_case(corpus["work"], "inspect", path)
+    run_case(figures, corpus["work"], "inspect", path)
     if run == 0:
-        FIGURES["child_runs"] += 1
-        run_case(corpus["work"], "parity", path, corpus["bundle"], "--timeout", "30")
+        figures.child_runs += 1
+        run_case(figures, corpus["work"], "parity", path, corpus["bundle"], "--timeout", "30")
 
 
-@settings(max_examples=450, **SETTINGS)
-@given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
-def test_fuzz_tflite(corpus, flips, cut, run) -> None:
-    fuzz_model_file(corpus, "tflite", flips, cut, run)
+@pytest.mark.parametrize(("kind", "examples"), [("tflite", 450), ("onnx", 300)])
+def test_fuzz_model_file(corpus, kind: str, examples: int) -> None:
+    figures = Figures(kind)
 
+    @settings(max_examples=examples, **SETTINGS)
+    @given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
+    def case(flips: list[tuple[int, int]], cut: int | None, run: int) -> None:
+        fuzz_model_file(corpus, figures, kind, flips, cut, run)
 
-@settings(max_examples=300, **SETTINGS)
-@given(flips=FLIPS, cut=CUTS, run=st.integers(0, 29))
-def test_fuzz_onnx(corpus, flips, cut, run) -> None:
-    fuzz_model_file(corpus, "onnx", flips, cut, run)
+    case()
+    figures.check(examples, distinct_messages=3)
 
 
 JSON_VALUES = st.recursive(
@@ -138,15 +155,25 @@ MANIFEST_PATHS = [
 ]
 
 
-@settings(max_examples=300, **SETTINGS)
-@given(
-    where=st.sampled_from(MANIFEST_PATHS),
-    value=JSON_VALUES,
-    flips=FLIPS,
-    reseal=st.booleans(),
-    corrupt=st.sampled_from(["manifest", "batch"]),
-)
-def test_fuzz_bundle(corpus, where, value, flips, reseal, corrupt) -> None:
+def test_fuzz_bundle(corpus) -> None:
+    figures = Figures("bundle")
+
+    @settings(max_examples=300, **SETTINGS)
+    @given(
+        where=st.sampled_from(MANIFEST_PATHS),
+        value=JSON_VALUES,
+        flips=FLIPS,
+        reseal=st.booleans(),
+        corrupt=st.sampled_from(["manifest", "batch"]),
+    )
+    def case(where: tuple, value: object, flips: list[tuple[int, int]], reseal: bool, corrupt: str) -> None:
+        fuzz_bundle(corpus, figures, where, value, flips, reseal, corrupt)
+
+    case()
+    figures.check(300, distinct_messages=5)
+
+
+def fuzz_bundle(corpus, figures, where, value, flips, reseal, corrupt) -> None:
     bundle = corpus["work"] / "bundle"
     shutil.rmtree(bundle, ignore_errors=True)
     shutil.copytree(corpus["bundle"], bundle)
@@ -162,23 +189,33 @@ def test_fuzz_bundle(corpus, where, value, flips, reseal, corrupt) -> None:
         if reseal:  # keep the checksum right, so that the arrays themselves are parsed
             manifest["batches"][0]["sha256"] = file_sha256(batch)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    run_case(corpus["work"], "parity", corpus["onnx"], bundle, "--no-isolate")
+    run_case(figures, corpus["work"], "parity", corpus["onnx"], bundle, "--no-isolate")
 
 
 ID_VALUES = st.one_of(st.integers(-3, 20), st.integers(-(2**31), 2**31 - 1))
 INPUT_NAMES = st.sampled_from([("token_ids",), ("token_ids",), ("token_ids", "extra"), ("ids",), ()])
 
 
-@settings(max_examples=60, **SETTINGS)
-@given(
-    names=INPUT_NAMES,
-    dtype=st.sampled_from(["int32", "int64", "float32", "bool", "uint8"]),
-    shape=st.lists(st.integers(0, 70), min_size=0, max_size=3),
-    values=st.lists(ID_VALUES, min_size=1, max_size=8),
-    seq_len=st.one_of(st.none(), st.integers(-2, 200)),
-)
-def test_fuzz_golden_inputs(corpus, saved_model, names, dtype, shape, values, seq_len) -> None:
+def test_fuzz_golden_inputs(corpus, saved_model) -> None:
     """User data for `golden --inputs`: every outcome a documented one-line error or a bundle, no exit 6."""
+    figures = Figures("golden inputs")
+
+    @settings(max_examples=60, **SETTINGS)
+    @given(
+        names=INPUT_NAMES,
+        dtype=st.sampled_from(["int32", "int64", "float32", "bool", "uint8"]),
+        shape=st.lists(st.integers(0, 70), min_size=0, max_size=3),
+        values=st.lists(ID_VALUES, min_size=1, max_size=8),
+        seq_len=st.one_of(st.none(), st.integers(-2, 200)),
+    )
+    def case(names: tuple[str, ...], dtype: str, shape: list[int], values: list[int], seq_len: int | None) -> None:
+        fuzz_golden_inputs(corpus, figures, saved_model, names, dtype, shape, values, seq_len)
+
+    case()
+    figures.check(60, distinct_messages=3)
+
+
+def fuzz_golden_inputs(corpus, figures, saved_model, names, dtype, shape, values, seq_len) -> None:
     import numpy as np
 
     size = int(np.prod(shape)) if shape else 1
@@ -186,7 +223,8 @@ def test_fuzz_golden_inputs(corpus, saved_model, names, dtype, shape, values, se
     inputs = corpus["work"] / "inputs.npz"
     np.savez(inputs, **{name: array for name in names})
     extra = ["--seq-len", str(seq_len)] if seq_len is not None else []
-    code = run_case(
+    run_case(
+        figures,
         corpus["work"],
         "golden",
         saved_model("encoder_dynamic"),
@@ -197,7 +235,6 @@ def test_fuzz_golden_inputs(corpus, saved_model, names, dtype, shape, values, se
         "--overwrite",
         *extra,
     )
-    assert code in ALLOWED, CRASHES[-1:]
 
 
 def output_path(work: Path, kind: str, suffix: str) -> Path:
@@ -240,15 +277,25 @@ PATH_KINDS = [
 ]
 
 
-@settings(max_examples=60, **SETTINGS)
-@given(
-    kind=st.sampled_from(PATH_KINDS),
-    command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
-    overwrite=st.booleans(),
-)
-def test_fuzz_output_paths(corpus, saved_model, kind, command, overwrite) -> None:
+def test_fuzz_output_paths(corpus, saved_model) -> None:
     """Every output path goes through the same checks: a documented code, one line, nothing of the user's
     replaced without --overwrite, no partial file."""
+    figures = Figures("output paths")
+
+    @settings(max_examples=60, **SETTINGS)
+    @given(
+        kind=st.sampled_from(PATH_KINDS),
+        command=st.sampled_from(["parity-json", "parity-plot", "bench", "export"]),
+        overwrite=st.booleans(),
+    )
+    def case(kind: str, command: str, overwrite: bool) -> None:
+        fuzz_output_path(corpus, figures, saved_model, kind, command, overwrite)
+
+    case()
+    figures.check(60, distinct_messages=3)
+
+
+def fuzz_output_path(corpus, figures, saved_model, kind, command, overwrite) -> None:
     suffix = {"parity-json": ".json", "bench": ".json", "parity-plot": ".png", "export": ".onnx"}[command]
     path = output_path(corpus["work"], kind, suffix)
     mine = (corpus["work"] / "paths" / f"old{suffix}").read_bytes()
@@ -259,22 +306,8 @@ def test_fuzz_output_paths(corpus, saved_model, kind, command, overwrite) -> Non
         "bench": ["bench", corpus["onnx"], "--runs", "2", "--warmup", "0", "--json", path, *flag],
         "export": ["onnx", saved_model("encoder_dynamic"), "-o", path, "--no-verify", *flag],
     }[command]
-    code = run_case(corpus["work"], *args)
-    assert code in ALLOWED, CRASHES[-1:]
+    run_case(figures, corpus["work"], *args)
     if not overwrite:  # the user's file, reached directly or through a link, is never replaced
         assert (corpus["work"] / "paths" / f"old{suffix}").read_bytes() == mine
     stray = [p.name for p in (corpus["work"] / "paths").iterdir() if ".partial" in p.name or p.suffix == ".tmp"]
     assert stray == []
-
-
-def test_fuzz_figures() -> None:
-    print(
-        f"\nfuzz: {FIGURES['cases']} cases ({FIGURES['child_runs']} through a runtime child), "
-        f"parent crashes {FIGURES['parent_crashes']}, partial files {FIGURES['partial_files']}, "
-        f"distinct error messages {len(MESSAGES)}, runtime children that crashed and were reported "
-        f"{FIGURES['child_crashes']}, exit codes {dict(sorted(EXIT_CODES.items()))}"
-    )
-    assert FIGURES["cases"] >= 1000
-    assert FIGURES["parent_crashes"] == 0, CRASHES[:5]
-    assert FIGURES["partial_files"] == 0
-    assert len(MESSAGES) >= 10  # the mutations reached many different checks

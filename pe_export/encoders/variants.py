@@ -247,6 +247,28 @@ def rotary(seq_len: int | None) -> Any:
     return _encoder(seq_len, lambda x, _: Rotary(name="rotary_embedding")(x))
 
 
+def gated_positions(seq_len: int | None, style: str = "multiply") -> Any:
+    """A learned table gathered by position ids that the padding mask gates: ``range * mask`` (padding
+    reads row 0) or ``where(mask, range, 0)``. The ids come from a range; the mask only gates them."""
+    tf, layers = _tf_layers()
+
+    class GatedPositions(layers.Layer):  # type: ignore[name-defined]  # Keras, loaded lazily
+        def build(self, input_shape: Any) -> None:
+            self.embeddings = self.add_weight(name="embeddings", shape=(MAX_LEN, WIDTH), initializer="glorot_uniform")
+
+        def call(self, x: Any, mask: Any) -> Any:
+            positions = tf.range(tf.shape(x)[1])[None, :]
+            mask = tf.cast(mask, tf.int32)
+            ids = positions * mask if style == "multiply" else tf.where(mask > 0, positions, 0)
+            return x + tf.gather(self.embeddings, ids)
+
+    return _encoder(
+        seq_len,
+        lambda x, inputs: GatedPositions(name="position_embedding")(x, inputs["attention_mask"]),
+        extra_inputs=("attention_mask",),
+    )
+
+
 # name → (builder, the kinds `--list-tables` must report at a fixed length)
 VARIANTS: dict[str, tuple[Callable[[int | None], Any], tuple[str, ...]]] = {
     "sinusoid_constant": (sinusoid_constant, ("sinusoid-interleaved",)),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pe_export.errors import BadInputError
+from pe_export.inspection.file_precision import file_precision
 from pe_export.inspection.onnx_metadata import onnx_metadata
 from pe_export.inspection.tflite_metadata import tflite_metadata
 from pe_export.parity.bundle import Bundle, load_bundle
@@ -32,7 +33,9 @@ def run_check(
     runtime = resolve_runtime(model, options.runtime)
     extra = runner_options_for(runtime, options)
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
-    precision = options.precision or _judged_precision(stamps.get(PRECISION) or "fp32", arithmetic)
+    # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default.
+    stated = stamps.get(PRECISION) or file_precision(model)[0]
+    precision = options.precision or _judged_precision(stated, arithmetic)
     tolerances = _tolerances(bundle, precision, options)
     runner = create_runner(runtime, model, **extra)
     first_result_s = 0.0

@@ -62,17 +62,31 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
             watch.close()
 
 
-# Modules that start native threads or hold locks a forked child could inherit mid-use: with any of them
-# loaded (a library caller, a test), the child is a fresh interpreter instead.
+# Where the OS does not say how many threads the process has: modules that start native threads or hold
+# locks a forked child could inherit mid-use. With any of them loaded, the child is a fresh interpreter.
 _NOT_FORKABLE = ("numpy", "tensorflow", "onnxruntime", "onnx", "ai_edge_litert", "tflite_runtime", "torch")
 
 
 def fork_is_safe() -> bool:
-    """True in a light, single-threaded process (the `pe-export parity` command): there the child is a fork,
-    which skips a second interpreter's start and imports; it still has its own memory, so a crash stays its own."""
-    return (
-        hasattr(os, "fork") and threading.active_count() == 1 and not any(name in sys.modules for name in _NOT_FORKABLE)
-    )
+    """True in a single-threaded process (the `pe-export parity` command): there the child is a fork, which
+    skips a second interpreter's start and imports; it still has its own memory, so a crash stays its own.
+
+    A fork copies only the calling thread, so a lock another thread holds stays held in the child forever:
+    the process must have no other thread, native ones included (a BLAS pool, a runtime's workers). Counted
+    where the OS lists them (Linux); elsewhere judged by Python's threads and the modules loaded."""
+    if not hasattr(os, "fork"):
+        return False
+    threads = _os_threads()
+    if threads is not None:
+        return threads == 1
+    return threading.active_count() == 1 and not any(name in sys.modules for name in _NOT_FORKABLE)
+
+
+def _os_threads() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 class _Process(Protocol):

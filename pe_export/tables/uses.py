@@ -1,11 +1,12 @@
 """How a frozen graph reads a constant: the evidence that makes a table a position table.
 
 A table is a position table because of what the graph does with it, never because of its name:
-gathered by position ids (a range, a cumulative sum of the mask, constant ids 0…n-1), sliced by rows
-from row 0, broadcast-added to (or multiplied into) the hidden states along their sequence axis, or
-gathered by a distance index (relative). A gather by a graph input (token or segment ids) is a
-vocabulary lookup, and a constant that enters a MatMul or an Einsum as its weight is a kernel: neither
-is ever a position table. Names only break ties (a gather by an input called ``position_ids``).
+gathered by position ids (a range, a cumulative sum of the mask, constant ids 0…n-1, any of them gated
+by the mask), sliced from row 0 to the run-time length, broadcast-added to (or multiplied into) the
+hidden states along their sequence axis, or gathered by a distance index (relative). A gather by a
+graph input (token or segment ids) is a vocabulary lookup, and a constant that enters a MatMul or an
+Einsum as its weight is a kernel: neither is ever a position table. Names only break ties (a gather by
+an input called ``position_ids``).
 """
 
 from __future__ import annotations
@@ -116,64 +117,88 @@ def _constant_index(value: np.ndarray | None) -> tuple[str, str] | None:
 def index_origin(graph: GraphIndex, tensor: str) -> tuple[str, str]:
     """Where gather indices come from: ("input", name), ("range", how), ("distance", how) or ("other", op).
 
-    Walks back through index arithmetic; a graph input wins over a range (token ids offset by a
-    constant are still token ids), a difference of two position sources makes a distance.
+    Walks back through index arithmetic. A graph input wins over a range where it carries the values
+    (token ids offset by a constant are still token ids), a difference of two position sources makes a
+    distance, and an input that only gates positions (``range * mask``, ``where(mask, range, pad)``) leaves
+    them positions: a select's condition carries no index, and a product of ids with a range has no meaning
+    as a token id.
     """
-    found: dict[str, str] = {}
+    others: list[str] = []
 
-    def walk(tensor: str, depth: int) -> str | None:
+    def walk(tensor: str, depth: int) -> tuple[str, str] | None:
         node = graph.source(tensor)
         if node is None or depth > _MAX_DEPTH or node.name.endswith(OWN_ZEROS):
             return None  # pe-export's own run-time zero reads an input but carries no index
         if node.op in _SOURCE_OPS:
-            origin = _source_origin(graph, node)
-            if origin is not None:
-                found.setdefault(*origin)
-            return None if origin is None else origin[0]
-        if node.op == "Sub":
-            sides = [walk(i, depth + 1) for i in node.input[:2]]
-            if sides == ["range", "range"]:
-                found.setdefault("distance", "a difference of positions")
-                return "distance"
-            return next((s for s in sides if s is not None), None)
-        if node.op in _INDEX_KEEPS or node.op in _DISTANCE_KEEPS:
-            sides = [walk(i, depth + 1) for i in node.input if not i.startswith("^")]
-            return next((kind for kind in ("input", "distance", "range") if kind in sides), None)
+            return _source_origin(graph, node)
         if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose"):
             return walk(node.input[0], depth + 1)
-        found.setdefault("other", node.op)
-        return None
+        if node.op not in _INDEX_KEEPS and node.op not in _DISTANCE_KEEPS and node.op != "Sub":
+            others.append(node.op)
+            return None
+        operands = [i for i in node.input if not i.startswith("^")]
+        if node.op in ("Select", "SelectV2"):
+            operands = operands[1:]  # the condition picks between values; it is none of them
+        sides = [side for side in (walk(i, depth + 1) for i in operands) if side is not None]
+        kinds = [kind for kind, _ in sides]
+        if node.op == "Sub" and kinds == ["range", "range"]:
+            return "distance", "a difference of positions"
+        if node.op == "Mul" and "input" in kinds and ("range" in kinds or "distance" in kinds):
+            sides = [side for side in sides if side[0] != "input"]  # positions gated by a mask
+        return next((side for kind in ("input", "distance", "range") for side in sides if side[0] == kind), None)
 
-    kind = walk(tensor, 0)
-    for key in ("input", "distance", "range"):
-        if key in found and (kind == key or kind is None or key == "input"):
-            return key, found[key]
-    return "other", found.get("other", "unknown")
+    found = walk(tensor, 0)
+    return found if found is not None else ("other", others[0] if others else "unknown")
 
 
 def uses_of(graph: GraphIndex, name: str, rows: int) -> list[Use]:
-    """Every reading of Const ``name`` (a table of ``rows`` positions) that says what it is."""
+    """Every reading of Const ``name`` (a table of ``rows`` positions) that says what it is.
+
+    A slice from row 0 to a *fixed* end says nothing by itself (the first third of a fused QKV kernel is
+    one): what its rows then meet decides, so it is followed like a view, with the rows it keeps.
+    """
     result: list[Use] = []
-    frontier = [(name, 0)]
+    frontier = [(name, 0, rows)]
     seen = set()
     while frontier:
-        current, depth = frontier.pop()
+        current, depth, current_rows = frontier.pop()
         if current in seen or depth > 8:
             continue
         seen.add(current)
         for consumer, position in graph.consumers.get(current, []):
-            use = _direct_use(graph, consumer, position, rows)
+            kept = _fixed_prefix_rows(graph, consumer, position, current_rows)
+            if kept is not None:
+                frontier.append((consumer.name, depth + 1, kept))
+                continue
+            use = _direct_use(graph, consumer, position, current_rows)
             if use is not None:
                 result.append(use)
             elif consumer.op in VIEW_OPS and position == 0:
-                frontier.append((consumer.name, depth + 1))
+                frontier.append((consumer.name, depth + 1, current_rows))
             elif consumer.op in ELEMENTWISE_BINARY and consumer.name not in graph.runtime:
-                frontier.append((consumer.name, depth + 1))  # scaled or offset by another constant
+                frontier.append((consumer.name, depth + 1, current_rows))  # scaled or offset by another constant
     if not result:
         relative = _projected_then_gathered_by_distance(graph, name)
         if relative is not None:
             result.append(relative)
     return result
+
+
+def _prefix_slice(graph: GraphIndex, consumer: Any, position: int) -> bool:
+    """A Slice/StridedSlice of the operand that starts at 0 on every axis."""
+    if consumer.op not in ("Slice", "StridedSlice") or position != 0:
+        return False
+    begin = graph.const_value(consumer.input[1])
+    return begin is not None and begin.size > 0 and not np.any(begin.reshape(-1) != 0)
+
+
+def _fixed_prefix_rows(graph: GraphIndex, consumer: Any, position: int, rows: int) -> int | None:
+    """The rows a slice from 0 to a fixed end keeps (its first axis over 1), else None."""
+    if not _prefix_slice(graph, consumer, position) or graph.const_value(consumer.input[2]) is None:
+        return None
+    shape = graph.shape(consumer.name)
+    sizes = [size for size in (shape or [])[:-1] if size not in (1, None)]
+    return sizes[0] if sizes else rows
 
 
 def _direct_use(graph: GraphIndex, consumer: Any, position: int, rows: int) -> Use | None:
@@ -192,12 +217,8 @@ def _direct_use(graph: GraphIndex, consumer: Any, position: int, rows: int) -> U
         if origin == "distance":
             return Use(RELATIVE, f"gathered by a distance index ({how}) {at}")
         return None
-    if consumer.op in ("Slice", "StridedSlice") and position == 0:
-        begin = graph.const_value(consumer.input[1])
-        if begin is None or begin.size == 0 or np.any(begin.reshape(-1) != 0):
-            return None
-        end = "a run-time end" if graph.const_value(consumer.input[2]) is None else "a fixed end"
-        return Use(POSITION, f"sliced from row 0 to {end} {at}")
+    if _prefix_slice(graph, consumer, position):  # to a run-time end: a fixed one is followed (uses_of)
+        return Use(POSITION, f"sliced from row 0 to a run-time end {at}")
     if consumer.op in WEIGHT_OPS:
         # The second operand is the weight (Keras Dense/EinsumDense); the first is data, followed elsewhere.
         return Use(KERNEL, f"weight of {consumer.op} {at}") if position == 1 else None

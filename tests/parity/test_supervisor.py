@@ -7,6 +7,7 @@ is refused); the child's work is replaced there by a real SIGSEGV or a real hang
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -71,7 +72,33 @@ def probe(checked: tuple[Path, Path], behaviour: str) -> list[str]:
 
 
 def test_this_process_is_not_forked_from() -> None:
-    assert "numpy" in sys.modules and not fork_is_safe()  # the fresh-interpreter child: tests/parity/test_harness.py
+    import threading
+
+    # TensorFlow's and the BLAS's threads: the fresh-interpreter child (tests/parity/test_harness.py).
+    threads = len(list(Path("/proc/self/task").iterdir()))
+    assert threads > threading.active_count() and not fork_is_safe()
+
+
+FORK_VERDICT = (
+    "import threading, time\n{setup}\nfrom pe_export.parity.supervisor import fork_is_safe\nprint(fork_is_safe())"
+)
+
+
+@pytest.mark.parametrize(
+    ("setup", "threads", "forks"),
+    [
+        ("import numpy", "1", True),  # a module that merely is loaded: no thread, nothing held
+        ("import numpy", "2", False),  # the same module with its BLAS pool started: a native thread
+        ("threading.Thread(target=time.sleep, args=(5,), daemon=True).start()", "1", False),
+        ("import onnxruntime", "1", False),  # its own worker thread, whatever the BLAS setting
+    ],
+)
+def test_the_fork_decision_counts_the_process_threads(setup: str, threads: str, forks: bool) -> None:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_VERDICT.format(setup=setup)], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0 and done.stdout.split() == [str(forks)], done.stderr[-1000:]
 
 
 def test_a_forked_child_checks_the_file(checked: tuple[Path, Path]) -> None:

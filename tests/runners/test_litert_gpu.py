@@ -93,15 +93,27 @@ def test_default_gpu_arithmetic_is_fp16_and_judged_by_the_fp16_tolerance(vulkan_
     assert report["tolerances"]["logits"] == {"atol": 0.05, "rtol": 0.05, "min_cosine": 0.999}
     # Really half-precision arithmetic (errors far above float32's), close in direction, no zeros or NaNs.
     assert 1e-3 < logits["max_abs"] < 0.5 and logits["cosine"] > 0.9999 and logits["argmax_agreement"] > 0.99
-    # Finding: float16 *arithmetic* on the GPU misses the float16 *storage* tolerance on the trained demo
-    # encoder (max abs 0.137 against atol 0.05 + rtol 0.05·|x|, 2 of 8,192 logits, one argmax of 512), so
-    # the default GPU precision fails parity. The gate reports it; the message points at --gpu-precision fp32.
-    assert code == ExitCode.PARITY_FAILED and logits["violations"] <= 8
+    # The verdict is the figures' (on lavapipe: max abs 0.137 against atol 0.05 + rtol 0.05·|x|, 2 of 8,192
+    # logits over, so the default GPU precision fails; another rasterizer may round otherwise).
+    tolerance = report["tolerances"]["logits"]
+    within = logits["violations"] == 0 and logits["cosine"] >= tolerance["min_cosine"]
+    assert (code == ExitCode.OK) == within and report["passed"] == within
 
 
 def test_the_failure_line_names_the_gpu_precision(vulkan_env, fixed_demo) -> None:
+    # A tolerance float16 arithmetic cannot meet (its error is over 1e-3, above): a failure on any GPU.
     done = pe_export(
-        vulkan_env, "parity", fixed_demo["none"], fixed_demo["golden"], "--runtime", "litert-gpu", "--cpu-fallback"
+        vulkan_env,
+        "parity",
+        fixed_demo["none"],
+        fixed_demo["golden"],
+        "--runtime",
+        "litert-gpu",
+        "--cpu-fallback",
+        "--atol",
+        "1e-5",
+        "--rtol",
+        "0",
     )
     assert done.returncode == ExitCode.PARITY_FAILED
     last_line = done.stderr.strip().splitlines()[-1]
