@@ -204,13 +204,11 @@ def _run(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None
 def _each_output(
     model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None = None
 ) -> Iterator[dict[str, np.ndarray]]:
-    """``_run``, one feed's outputs at a time, in one session."""
-    import onnxruntime as ort
+    """``_run``, one feed's outputs at a time, in one session: the runner every ONNX check goes through."""
+    from pe_export.runners import create_runner
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
-    names = names or [output.name for output in session.get_outputs()]
-    inputs = {i.name for i in session.get_inputs()}
-    for feed in feeds:
-        yield dict(zip(names, session.run(names, {k: v for k, v in feed.items() if k in inputs}), strict=True))
+    with create_runner("onnxruntime", Path("candidate.onnx"), serialized=model.SerializeToString()) as runner:
+        inputs = {spec.name for spec in runner.input_specs()}
+        for feed in feeds:
+            produced = runner.infer({k: v for k, v in feed.items() if k in inputs})
+            yield produced if names is None else {name: produced[name] for name in names}

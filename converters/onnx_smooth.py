@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.smoothing import Activations, Smoothing, call_quota, choose_scales, thin_call
+from pe_export.converters.smoothing import (
+    Activations,
+    Smoothing,
+    call_quota,
+    choose_scales,
+    range_quantized,
+    thin_call,
+)
 
 LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range per tensor per call
 
@@ -75,10 +82,7 @@ def smooth_activations(
 
 def _quantized_activations(x: np.ndarray) -> np.ndarray:
     """``x`` as onnxruntime's dynamic int8 sees it: one uint8 range over the whole call, dequantized."""
-    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    step = (high - low) / LEVELS or 1.0
-    zero = np.round(-low / step)
-    return (np.clip(np.round(x / step) + zero, 0, LEVELS) - zero) * step
+    return range_quantized(x, LEVELS, axis=None)
 
 
 def _with_outputs(model: Any, names: list[str]) -> Any:

@@ -120,7 +120,25 @@ def migration_scale(x_max: np.ndarray, weight: np.ndarray, alpha: float) -> np.n
     return np.where((x_max > 0) & (w_max > 0), scale, 1.0).astype(np.float32)
 
 
+def symmetric_int8(weight: np.ndarray, axis: int, levels: int = WEIGHT_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 values, steps) of symmetric quantization with one step per channel, the channels along the axes
+    other than ``axis`` (the one reduced over): what both formats' int8 weights are. Steps keep their axis."""
+    step = np.maximum(np.abs(weight).max(axis=axis, keepdims=True), 1e-12) / levels
+    return np.clip(np.round(weight / step), -levels, levels).astype(np.int8), step
+
+
 def per_channel_int8(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> np.ndarray:
     """``weight`` [inputs, outputs] after symmetric int8 with one scale per output channel, dequantized."""
-    step = np.maximum(np.abs(weight).max(axis=0), 1e-12) / levels
-    return np.round(weight / step) * step
+    values, step = symmetric_int8(weight, 0, levels)
+    return values * step
+
+
+def range_quantized(x: np.ndarray, levels: int, axis: int | None) -> np.ndarray:
+    """``x`` through asymmetric quantization over its range along ``axis`` (None: one range for the whole
+    array), dequantized: how the runtimes' dynamic int8 kernels see activations. The range always holds 0,
+    which stays exact; a range of one value takes step 1."""
+    low = np.minimum(x.min(axis=axis, keepdims=True), 0.0)
+    high = np.maximum(x.max(axis=axis, keepdims=True), 0.0)
+    step = np.where(high > low, (high - low) / levels, 1.0)
+    zero = np.round(-low / step)
+    return (np.clip(np.round(x / step) + zero, 0, levels) - zero) * step

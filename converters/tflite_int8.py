@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 
 from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target
-from pe_export.converters.smoothing import SMOOTHING_ROWS, WEIGHT_LEVELS, Smoothing, choose_scales, thinned
+from pe_export.converters.smoothing import (
+    SMOOTHING_ROWS,
+    Smoothing,
+    choose_scales,
+    range_quantized,
+    symmetric_int8,
+    thinned,
+)
 from pe_export.parity.tolerances import Tolerance
 from pe_export.provenance import pack_tflite
 
@@ -184,10 +191,9 @@ class DynamicRangeFile:
 
     def _requantize(self, weight: _Weight) -> None:
         """int8 per output channel (axis 0), symmetric, as the converter writes hybrid FC weights."""
-        step = np.maximum(np.abs(weight.values).max(axis=1), 1e-12) / WEIGHT_LEVELS
-        quantized = np.clip(np.round(weight.values / step[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+        quantized, step = symmetric_int8(weight.values, axis=1)  # [outputs, inputs]: a step per output
         parameters = self._schema.QuantizationParametersT()
-        parameters.scale = step.astype(np.float32).tolist()
+        parameters.scale = step.reshape(-1).astype(np.float32).tolist()
         parameters.zeroPoint = [0] * len(step)
         parameters.quantizedDimension = 0
         weight.tensor.quantization = parameters
@@ -302,11 +308,7 @@ def _batch_is_dynamic(model: Any) -> bool:
 
 def _row_quantized(x: np.ndarray) -> np.ndarray:
     """``x`` as the hybrid FULLY_CONNECTED sees it: each row int8 over its own range, dequantized."""
-    low = np.minimum(x.min(axis=1, keepdims=True), 0.0)
-    high = np.maximum(x.max(axis=1, keepdims=True), 0.0)
-    step = np.where(high > low, (high - low) / ROW_LEVELS, 1.0)
-    zero = np.round(-low / step)
-    return (np.clip(np.round(x / step) + zero, 0, ROW_LEVELS) - zero) * step
+    return range_quantized(x, ROW_LEVELS, axis=1)
 
 
 def _captured(

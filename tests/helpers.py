@@ -88,6 +88,25 @@ def token_feed(
     return feed
 
 
+def independent_verdict(
+    actual: dict[str, np.ndarray], expected: dict[str, np.ndarray], tolerance: Any, valid: np.ndarray | None = None
+) -> dict[str, tuple[int, float]]:
+    """(elements over atol + rtol·|expected|, cosine) per output, computed here with numpy and nothing of
+    pe-export's comparison: a second judge of a file run straight in its runtime against TensorFlow's
+    outputs. ``valid`` ([batch, seq] mask) keeps the real positions of [batch, seq, …] outputs."""
+    assert sorted(actual) == sorted(expected)
+    verdict = {}
+    for name, want in expected.items():
+        got = np.asarray(actual[name], np.float64)
+        want = np.asarray(want, np.float64)
+        if valid is not None and want.ndim >= 3 and want.shape[:2] == valid.shape:
+            got, want = got[valid.astype(bool)], want[valid.astype(bool)]
+        over = int((np.abs(got - want) > tolerance.atol + tolerance.rtol * np.abs(want)).sum())
+        cosine = float(got.ravel() @ want.ravel() / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-30))
+        verdict[name] = (over, cosine)
+    return verdict
+
+
 def max_abs_error(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> float:
     assert sorted(actual) == sorted(expected)
     return max(float(np.max(np.abs(actual[k] - expected[k]))) for k in expected)

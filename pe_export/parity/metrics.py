@@ -13,7 +13,9 @@ from pe_export.parity.result import OutputMetrics
 from pe_export.parity.tolerances import Tolerance
 
 _TINY = 1e-12
-# Outputs whose last axis is a class or vocabulary axis, recognised by name.
+# Outputs whose last axis is a class or vocabulary axis, recognised by name: a hint that decides only whether
+# argmax agreement is reported (a statistic beside the verdict, never part of it). Every check that decides
+# the verdict applies to every output alike, whatever it is called.
 CLASS_AXIS_WORDS = ("logit", "prob", "score", "class")
 
 
@@ -98,7 +100,7 @@ class OutputAccumulator:
             self._update_argmax(a, e, mask)
         if mask is not None:
             self._update_positions(np.where(finite, error, 0.0), mask)
-        if mask is not None and a.ndim == 3 and not self.argmax:
+        if mask is not None and a.ndim == 3:  # every masked sequence output, whatever its name
             self._update_pooled(a, e, mask)
         if labels is not None:
             self._update_labels(a, e, labels, valid)

@@ -41,11 +41,19 @@ class OnnxRuntimeRunner(Runner):
     option_names: ClassVar[tuple[str, ...]] = ("providers", "tf32")
 
     def __init__(
-        self, *args: Any, providers: tuple[str, ...] = DEFAULT_PROVIDERS, tf32: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        providers: tuple[str, ...] = DEFAULT_PROVIDERS,
+        tf32: bool = False,
+        serialized: bytes | None = None,
+        **kwargs: Any,
     ) -> None:
+        """``serialized``: the model's bytes, for a model that exists only in memory (the int8 search's
+        candidates); ``model_path`` then only names it."""
         super().__init__(*args, **kwargs)
         self.providers = resolve_providers(providers)
         self.tf32 = tf32
+        self.serialized = serialized
         self._session: Any = None
 
     def activate(self) -> None:
@@ -71,7 +79,9 @@ class OnnxRuntimeRunner(Runner):
             options.intra_op_num_threads = self.threads
         try:
             self._session = ort.InferenceSession(
-                str(self.model_path), sess_options=options, providers=session_providers(self.providers, self.tf32)
+                str(self.model_path) if self.serialized is None else self.serialized,
+                sess_options=options,
+                providers=session_providers(self.providers, self.tf32),
             )
         except Exception as err:  # onnxruntime raises its own exception types per failure
             first_line = one_line(err)

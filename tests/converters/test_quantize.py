@@ -10,6 +10,7 @@ from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+from tests.helpers import independent_verdict, litert_outputs, onnxruntime_outputs, reference_outputs, token_feed
 
 MODEL = "encoder_multi_io"
 
@@ -31,7 +32,14 @@ def fp32_bytes(saved_model, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     [
         ("tflite", "float16", "fp16"),
         ("tflite", "dynamic-int8", "int8"),
-        ("tflite", "int8", "int8"),
+        pytest.param(
+            "tflite",
+            "int8",
+            "int8",
+            # Finding (issue 25): full-integer int8 passes its own check barely (cosine 0.99106 against 0.99) and
+            # misses the int8 tolerance on other inputs (0.98916, 4 elements over): the gate's figure is no promise.
+            marks=pytest.mark.xfail(strict=True, reason="full-integer int8 misses the int8 tolerance on new inputs"),
+        ),
         ("onnx", "float16", "fp16"),
         ("onnx", "dynamic-int8", "int8"),
     ],
@@ -55,3 +63,16 @@ def test_quantized_export_reports_error(
     # the saved weight bytes for ONNX: 121,941 B against 116,212 B fp32, measured.)
     assert parity.max_abs > 1e-5
     assert report.summary.constant_bytes < fp32_bytes[target]
+    # A second judge, apart from the export's own check: the file run straight in its runtime on inputs the
+    # export never saw (padding included), against TensorFlow's outputs, by the precision's tolerance.
+    feed = token_feed(("attention_mask", "segment_ids", "token_ids"), batch=3, seq_len=24, vocab=64, seed=11)
+    run = litert_outputs if target == "tflite" else onnxruntime_outputs
+    verdict = independent_verdict(
+        run(tmp_path / f"m.{target}", feed),
+        reference_outputs(saved_model(MODEL), feed),
+        DEFAULT_TOLERANCES[precision],
+        valid=feed["attention_mask"],
+    )
+    print("independent:", verdict)
+    assert all(over == 0 and cosine >= DEFAULT_TOLERANCES[precision].min_cosine for over, cosine in verdict.values())
+    assert min(cosine for _, cosine in verdict.values()) < 1 - 1e-9  # and really not the float32 model

@@ -13,7 +13,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.encoders.variants import VARIANTS
 from pe_export.errors import ExitCode, ParityError
 from pe_export.tables.pipeline import TableOptions
-from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, run_cli
+from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, run_cli, token_feed
 
 EXPORTS = {"tflite": (export_tflite, litert_outputs), "onnx": (export_onnx, onnxruntime_outputs)}
 DYNAMIC_KINDS = {  # at a dynamic length, tables computed from range(T) stay computations, not tables
@@ -40,11 +40,14 @@ def test_variant_is_detected_and_exports_with_parity(
     expected = VARIANTS[variant][1] if seq_len else DYNAMIC_KINDS.get(variant, VARIANTS[variant][1])
     assert found == sorted(expected), found
     options = ExportOptions(tables=table_options_for(found))
-    for target, (export, _) in EXPORTS.items():
+    for target, (export, run) in EXPORTS.items():
         report = export(model, tmp_path / f"m.{target}", options)
         assert report.exit_code == ExitCode.OK, (target, report.parity and report.parity.max_abs)
         assert report.parity.max_abs <= 1e-4 and report.summary.flex_ops == []
         assert all(t.exact and t.max_error <= 1e-5 for t in report.tables)
+        # Judged apart from the export's own check: the file in its runtime against TensorFlow, other inputs.
+        feed = token_feed(tuple(s.name for s in report.input_specs), batch=2, seq_len=seq_len or 24, vocab=64, seed=13)
+        assert max_abs_error(run(tmp_path / f"m.{target}", feed), reference_outputs(model, feed)) <= 1e-4, target
 
 
 @pytest.mark.parametrize("seq_len", [512, None])
