@@ -37,6 +37,7 @@ Run = Callable[[Any, Feeds], Outputs]
 # the export's judging inputs, their valid masks and the outputs those apply to, on demand
 JudgeFeeds = Callable[[], tuple[Feeds, Masks, set[str]]]
 Unit = tuple[int, int | None]  # (feed, row of it alone) or (feed, None): the whole feed
+CHOSEN_ON = "on the inputs it chose on"  # the held-out figure is the export's parity (pe_export/holdout.py)
 Score = tuple[bool, float]  # (within the tolerance, worst cosine): sorted, failing and lowest first
 PROBE_ROWS = 2  # single rows the places are measured on, at first
 
@@ -60,15 +61,15 @@ class KeepFloatOutcome:
         if not self.kept_float:
             return [
                 f"int8: {before}all {self.candidates} {what} quantized, worst cosine {self.cosine:.6f} against "
-                "the float model"
+                f"the float model {CHOSEN_ON}"
             ]
         names = ", ".join(_short(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
             f"int8: {before}{len(self.kept_float)} of {self.candidates} {what} kept in float, the most sensitive "
             f"per weight byte first ({names}; +{self.float_bytes:,} B over int8; {self.runs} quantized files "
-            f"tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model, "
-            f"which {verdict} the target"
+            f"tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model "
+            f"{CHOSEN_ON}, which {verdict} the target"
         ]
 
 
@@ -179,7 +180,7 @@ def keep_float_to_target(
         if count == len(ranked):  # nothing left int8: that is a float file, not an int8 one
             raise ParityError(
                 f"dynamic-int8: no file with an int8 weight meets the target (cosine >= {tolerance.min_cosine:g}, "
-                f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the verification inputs: every weight int8 "
+                f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the inputs it chooses on: every weight int8 "
                 f"reached {outcome.cosine:.6f}, and no count short of all {len(ranked)} kept in float passes; "
                 "nothing was written. Ask for less (--min-cosine), or export in float (no --quantize, or "
                 "--quantize float16)"

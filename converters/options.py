@@ -37,6 +37,7 @@ class ExportOptions:
     tables: TableOptions = field(default_factory=TableOptions)  # find / compress / retarget position tables
     text: TextInputs | None = None  # --text FILE (--tokenizer): real inputs to verify, calibrate and judge on
     inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)
+    holdout: Path | None = None  # --holdout FILE: held-out samples (as --text or --inputs) that judge int8's choices
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
 
@@ -58,6 +59,11 @@ class ExportOptions:
         self.tables.validate()
         if self.text is not None and self.inputs is not None:
             raise BadInputError("--text and --inputs both give the inputs to judge on; pass one of them")
+        if self.holdout is not None and self.text is None and self.inputs is None:
+            raise BadInputError(
+                f"--holdout {self.holdout} needs --text or --inputs: it holds out samples of the same form "
+                "(sentences, or arrays by input name) from the choices they judge"
+            )
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
         modes = TFLITE_QUANTIZE_MODES if file_format == "tflite" else ONNX_QUANTIZE_MODES

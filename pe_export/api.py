@@ -12,6 +12,9 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
+    CHOICE_SEED,
+    DECIDING_MODES,
+    HOLDOUT_EVERY,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
@@ -19,6 +22,7 @@ from pe_export.constants import (
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
+from pe_export.holdout import Cases, Parts, samples, split_rows
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
@@ -191,7 +195,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
 
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
-            feeds, valid = job.check_feeds()
+            feeds, valid = job.parts.choice
             (feed,), (rows,) = feeds.values(), valid.values()
             for row in range(rows.shape[0]):
                 length = int(rows[row].sum()) if job.specs[0].dynamic_length else rows.shape[SEQUENCE_AXIS]
@@ -338,18 +342,55 @@ class _Job:
 
         return checked_length(self.loaded, self.frozen, self.prepared) or VERIFY_SEQ_LEN
 
-    def check_feeds(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
-        """The inputs a file is judged on (verification, the int8 target): --text when given, which then
-        stands for the distribution that matters; else generated full-length and padded rows."""
-        if self.options.text is None and self.options.inputs is None:
-            return verification_feeds(self.specs, self.bounds, self.check_length)
-        return self.user_case
+    def check_feeds(self) -> Cases:
+        """The inputs a file is judged on (verification): --text or --inputs when given, which then stand for
+        the distribution that matters; else generated full-length and padded rows. Where the export chooses by
+        accuracy (int8), only the part its choices never saw (``parts``)."""
+        return self.parts.check
 
     def judge_feeds(self) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None], set[str]]:
-        """check_feeds as the int8 search takes them: the feeds, each one's valid mask, and the outputs the
-        masks apply to."""
-        feeds, valid = self.check_feeds()
+        """The choice part as the int8 search and smoothing take it: the feeds, each one's valid mask, and the
+        outputs the masks apply to."""
+        feeds, valid = self.parts.choice
         return list(feeds.values()), [valid[case] for case in feeds], self.sequence_outputs
+
+    @property
+    def decides(self) -> bool:
+        """Whether the export chooses by accuracy on the inputs (int8: smoothing, ranges, weights kept float)."""
+        return self.options.quantize in DECIDING_MODES
+
+    @cached_property
+    def parts(self) -> Parts:
+        """The inputs int8's choices are made on and those that judge them (pe_export/holdout.py); without a
+        choice to make, both are every input."""
+        if self.options.text is None and self.options.inputs is None:
+            check = verification_feeds(self.specs, self.bounds, self.check_length)
+            if not self.decides:
+                return Parts(check, check)
+            choice = verification_feeds(self.specs, self.bounds, self.check_length, seed=CHOICE_SEED)
+            return Parts(choice, check, "int8 chose on generated inputs of its own, apart from those it is judged on")
+        given = self.user_case
+        if not self.decides:
+            return Parts(given, given)
+        if self.options.holdout is not None:
+            held = self.user_cases(self.options.holdout, "holdout")
+            return Parts(
+                given,
+                held,
+                f"int8 chose on the {samples(given)} samples given, judged on the {samples(held)} of --holdout",
+            )
+        split = split_rows(given, HOLDOUT_EVERY)
+        if split is None:
+            return Parts(
+                given, given, "int8 chose on the one sample given and is judged on it (--holdout FILE: others)"
+            )
+        choice, check = split
+        return Parts(
+            choice,
+            check,
+            f"int8 chose on {samples(choice)} of the {samples(given)} samples and is judged on the other "
+            f"{samples(check)}, held out (every {HOLDOUT_EVERY}th; --holdout FILE gives them)",
+        )
 
     @cached_property
     def sequence_outputs(self) -> set[str]:
@@ -361,23 +402,26 @@ class _Job:
         return sequence_outputs(signature_input_specs(signature), signature_output_specs(signature))
 
     @cached_property
-    def user_case(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    def user_case(self) -> Cases:
         """--text or --inputs as one case of all their samples, checked against the model's tables."""
-        if self.options.text is not None:
-            from pe_export.text_inputs import text_feed
+        return self.user_cases(self.options.text.text if self.options.text else Path(self.options.inputs or ""))
 
-            feed, valid = text_feed(
-                self.specs, self.bounds, self.options.text, self.given or self.source, self.check_length
-            )
-            return {"text": feed}, {"text": valid}
+    def user_cases(self, path: Path, case: str | None = None) -> Cases:
+        """The samples in ``path``, read as --text's sentences or --inputs' arrays (whichever was given), as one
+        case (named after the option, or ``case``)."""
+        if self.options.text is not None:
+            from pe_export.text_inputs import TextInputs, text_feed
+
+            sentences = TextInputs(path, self.options.text.tokenizer)
+            feed, valid = text_feed(self.specs, self.bounds, sentences, self.given or self.source, self.check_length)
+            return {case or "text": feed}, {case or "text": valid}
         from pe_export.golden import user_batches
         from pe_export.parity.bundle import read_npz
 
-        path = Path(self.options.inputs or "")
         arrays = read_npz(path)
-        samples = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
-        feed, valid = next(user_batches(path, arrays, self.specs, samples, self.bounds))
-        return {"inputs": feed}, {"inputs": valid}
+        count = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
+        feed, valid = next(user_batches(path, arrays, self.specs, count, self.bounds))
+        return {case or "inputs": feed}, {case or "inputs": valid}
 
     @cached_property
     def bounds(self) -> dict[str, int]:
@@ -465,17 +509,15 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
 
 
 def verification_feeds(
-    specs: list[TensorSpec], bounds: dict[str, int], seq_len: int = VERIFY_SEQ_LEN
-) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    specs: list[TensorSpec], bounds: dict[str, int], seq_len: int = VERIFY_SEQ_LEN, seed: int = VERIFY_SEED
+) -> Cases:
     """Two cases, full-length rows and rows padded at several lengths, with their valid positions.
 
     ``seq_len`` sizes a dynamic sequence axis; a fixed one keeps the model's length.
     """
     feeds, valid = {}, {}
     for case, padded in (("random", False), ("padded", True)):
-        feeds[case] = generate_inputs(
-            specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=VERIFY_SEED, padded=padded
-        )
+        feeds[case] = generate_inputs(specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=seed, padded=padded)
         batch, length = feed_shape(feeds[case]) or (VERIFY_BATCH, seq_len)  # a fixed shape keeps its own
         valid[case] = valid_positions(batch, length, padded=padded)
     return feeds, valid
@@ -504,6 +546,8 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
             _write_external(data, staged, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
+            if job.decides and job.parts.note:
+                report.notes.append(job.parts.note)
         raise_if_interrupted()  # never publish after a Ctrl-C, even one a finalizer swallowed
         if report.exit_code == ExitCode.PARITY_FAILED:
             report.written = False

@@ -22,6 +22,7 @@ from pe_export.constants import (
     GOLDEN_BATCH,
     GOLDEN_SAMPLES,
     GOLDEN_SEQ_LEN,
+    HOLDOUT_EVERY,
     MAX_CHECKED_POSITIONS,
     ONNX_QUANTIZE_MODES,
     TABLE_DTYPES,
@@ -104,6 +105,13 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 help="Verify (and calibrate or judge int8) on these inputs (.npz by input name).",
             ),
             click.option(
+                "--holdout",
+                type=click.Path(path_type=Path),
+                default=None,
+                help=f"int8: judge the choices on these samples (as --text or --inputs) instead of every "
+                f"{HOLDOUT_EVERY}th of them, which the choices then never see.",
+            ),
+            click.option(
                 "--min-cosine",
                 type=float,
                 default=None,
@@ -165,6 +173,7 @@ def _export_options(**values: Any) -> Any:
         force=values.get("force", False),
         text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
         inputs=values["inputs"],
+        holdout=values["holdout"],
         tables=TableOptions(
             compress=values["compress"],
             method=values["compress_method"],

@@ -28,6 +28,13 @@ MAX_CHECKED_POSITIONS = 512
 VERIFY_SEED = 0
 # Samples fed to the TFLite converter for full-integer calibration.
 CALIBRATION_SAMPLES = 32
+# Exports that choose by accuracy (int8: smoothing, calibration ranges, which weights stay float) choose on one
+# part of the inputs and are judged on another the choices never saw: of --text / --inputs, every
+# HOLDOUT_EVERY-th sample is held out (--holdout FILE gives them instead); generated inputs choose on their own
+# seed, apart from the verification's.
+HOLDOUT_EVERY = 4
+CHOICE_SEED = 1000
+DECIDING_MODES = ("int8", "dynamic-int8")
 
 # `pe-export bench` defaults.
 BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128

@@ -130,3 +130,36 @@ def test_export_is_verified_on_given_arrays(saved_model, tmp_path: Path, capfd: 
     assert not (tmp_path / "n.onnx").exists()
     both = run_cli(capfd, "onnx", model, "-o", tmp_path / "b.onnx", "--inputs", arrays, "--text", arrays)
     assert_one_line_error(both, 2, "--text and --inputs")
+
+
+def test_int8_chooses_on_part_of_the_sentences_and_is_judged_on_the_rest(
+    saved_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Every 4th sentence is held out of int8's choices (smoothing, the weights kept float) and judges them;
+    --holdout FILE gives the judging sentences instead; the report says which, and counts only those."""
+    from pe_export.api import export_tflite
+    from pe_export.converters.options import ExportOptions
+    from pe_export.text_inputs import TextInputs
+
+    rng = np.random.default_rng(4)
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    lines = [" ".join(f"w{i}" for i in rng.integers(2, 64, size=n)) for n in (3, 14, 7, 22, 5, 11, 18, 9)]
+    given, held = tmp_path / "given.txt", tmp_path / "held.txt"
+    given.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    held.write_text("\n".join(lines[:3]) + "\n", encoding="utf-8")
+    model = saved_model("encoder_multi_io")
+    text = TextInputs(given, tokenizer)
+    split = export_tflite(model, tmp_path / "a.tflite", ExportOptions(quantize="dynamic-int8", text=text))
+    assert "int8 chose on 6 of the 8 samples and is judged on the other 2, held out" in " ".join(split.notes)
+    assert split.parity is not None and split.parity.samples == 2  # the judge is the held-out part alone
+    options = ExportOptions(quantize="dynamic-int8", text=text, holdout=held)
+    apart = export_tflite(model, tmp_path / "b.tflite", options)
+    assert "int8 chose on the 8 samples given, judged on the 3 of --holdout" in " ".join(apart.notes)
+    assert apart.parity is not None and apart.parity.samples == 3 and apart.exit_code == 0
+    # No choice to make (float32): every sentence judges the file, none is held out.
+    plain = export_tflite(model, tmp_path / "c.tflite", ExportOptions(text=text))
+    assert plain.parity is not None and plain.parity.samples == 8 and not any("int8 chose" in n for n in plain.notes)
+    refused = run_cli(
+        capfd, "tflite", model, "-o", tmp_path / "d.tflite", "--quantize", "dynamic-int8", "--holdout", held
+    )
+    assert_one_line_error(refused, 2, "--holdout", "needs --text or --inputs")

@@ -15,6 +15,7 @@ from pe_export.converters.keep_float import repeated_places
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode, ParityError
 from tests.fixtures.keras_hub_models import export_random_bert
+from tests.helpers import assert_judged_on_the_held_out_part, chosen_cosine, stricter_target
 
 LAYERS = 4
 
@@ -58,17 +59,16 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     what = "int8 weights" if file_format == "tflite" else "quantizable nodes"
     default = export(encoder, tmp_path / f"default.{file_format}", ExportOptions(quantize="dynamic-int8"))
     assert default.parity is not None and default.parity.min_cosine < 1 - 1e-7
-    target = 1 - (1 - default.parity.min_cosine) / 3  # one the default misses whatever the init
-    strict = export(
-        encoder, tmp_path / f"strict.{file_format}", ExportOptions(quantize="dynamic-int8", min_cosine=target)
-    )
+    target = stricter_target(default.notes)  # one the default misses where it chooses, whatever the init
+    output = tmp_path / f"strict.{file_format}"
+    strict = export(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=target))
     note = next(n for n in strict.notes if n.startswith("int8:"))
     print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
     found = re.search(rf"(\d+) of (\d+) {what} kept in float.*; (\d+) quantized files tried, (\d+) on every", note)
     assert found, note
     kept, candidates, files, verdicts = (int(g) for g in found.groups())
-    assert strict.exit_code == ExitCode.OK and strict.parity is not None and strict.parity.min_cosine >= target
-    assert 1 <= kept < candidates and candidates >= 6 * LAYERS
+    assert chosen_cosine(strict.notes) >= target and 1 <= kept < candidates and candidates >= 6 * LAYERS
+    assert_judged_on_the_held_out_part(strict, target, output)
     # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking on the probe
     # (the rows all-int8 got worst), each count it finds taken to a verdict on every input
     places = 6 + (candidates - 6 * LAYERS)

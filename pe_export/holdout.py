@@ -1,0 +1,42 @@
+"""Choose on one part of the inputs, judge on another: the exports that choose by accuracy (int8's smoothing,
+calibration ranges, the weights kept float) never see the samples that accept their choice, so the figure
+reported is a promise about the next input and not a measure of the fit (constants.HOLDOUT_EVERY)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+Cases = tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]  # (feed by case, valid mask by case)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The inputs the choices are made on, those the file is judged on, and what the report says of them."""
+
+    choice: Cases
+    check: Cases
+    note: str | None = None
+
+
+def samples(cases: Cases) -> int:
+    return sum(int(mask.shape[0]) for mask in cases[1].values())
+
+
+def split_rows(cases: Cases, every: int) -> tuple[Cases, Cases] | None:
+    """(choice part, held-out part) of one case of samples: every ``every``-th sample held out (the last one
+    where there are fewer than ``every``); None for a single sample, which cannot be split."""
+    ((case, feed),) = cases[0].items()
+    valid = cases[1][case]
+    rows = int(valid.shape[0])
+    held = list(range(every - 1, rows, every)) or ([rows - 1] if rows >= 2 else [])
+    if not held:
+        return None
+    kept = [row for row in range(rows) if row not in set(held)]
+
+    def part(chosen: list[int], name: str) -> Cases:
+        index = np.asarray(chosen)
+        return {name: {k: np.take(v, index, axis=0) for k, v in feed.items()}}, {name: valid[index]}
+
+    return part(kept, f"{case}, choice part"), part(held, case)
