@@ -34,6 +34,7 @@ from pe_export.parity.result import ParityOptions, ParityReport
 CHILD_PYTHON_ENV = "PE_EXPORT_PYTHON"
 _HEARTBEAT, _REPORT, _ERROR = b"H", b"R", b"E"
 _POLL_S = 0.25  # how often a wait looks for an interrupt
+_MAX_PROGRESS = 1 + 100_000  # heartbeats where the bundle's batch count cannot be read here
 
 
 def _errors_by_code() -> dict[int, type[PeExportError]]:
@@ -55,7 +56,7 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
             process: _Process = _Forked.start(request, stderr)
         else:
             process = _spawn(python or [sys.executable], request, stderr)
-        watch = _Watch(process, stderr, model, options.timeout_s)
+        watch = _Watch(process, stderr, model, options.timeout_s, _progress_limit(bundle))
         try:
             return watch.report()
         finally:
@@ -87,6 +88,17 @@ def _os_threads() -> int | None:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return None
+
+
+def _progress_limit(bundle: Path) -> int:
+    """How many heartbeats a check of ``bundle`` sends at most: one when the runtime has loaded, one per batch.
+    Each waits at most --timeout, so the whole run is bounded too. A manifest this process cannot read (the
+    child says why) leaves the largest count a valid bundle can declare."""
+    try:
+        batches = json.loads((Path(bundle) / "manifest.json").read_text(encoding="utf-8"))["batches"]
+        return 1 + len(batches) if isinstance(batches, list) else _MAX_PROGRESS
+    except (OSError, ValueError, KeyError, TypeError):
+        return _MAX_PROGRESS
 
 
 class _Process(Protocol):
@@ -178,17 +190,25 @@ def signal_name(number: int) -> str:
 
 
 class _Watch:
-    """Reads the child's frames with a deadline per frame; kills it on a hang or an interrupt."""
+    """Reads the child's frames with a deadline per frame and at most one heartbeat per step of the work
+    (``progress``), so a whole run is bounded; kills the child on a hang, an endless run or an interrupt."""
 
-    def __init__(self, process: _Process, stderr: IO[bytes], model: Path, timeout_s: float) -> None:
+    def __init__(self, process: _Process, stderr: IO[bytes], model: Path, timeout_s: float, progress: int) -> None:
         self.process, self.stderr, self.model, self.timeout_s = process, stderr, model, timeout_s
-        self.doing = "loading"
+        self.doing, self.progress = "loading", progress
 
     def report(self) -> ParityReport:
+        beats = 0
         while True:
             kind, payload = self._frame()
             if kind == _HEARTBEAT:
-                self.doing = "running"
+                self.doing, beats = "running", beats + 1
+                if beats > self.progress:  # alive, but past the work there is: bounded as a hang is
+                    self.process.kill()
+                    raise RuntimeUnavailableError(
+                        f"the runtime's process went on past the bundle's work ({self.progress} steps: loading and "
+                        f"each batch) while checking {self.model.name}; it was killed"
+                    )
             elif kind == _REPORT:
                 return ParityReport.from_dict(json.loads(payload))
             else:

@@ -38,6 +38,10 @@ def in_the_child():  # after the fork, in the child only: this process must stay
             os.kill(os.getpid(), signal.SIGRTMIN + 3)
         if behaviour == "hang":
             time.sleep(600)
+        if behaviour == "endless":  # alive and reporting progress, never done: each beat within the deadline
+            while True:
+                args[3]()
+                time.sleep(0.01)
         return real(*args, **kwargs)
     inprocess.run_check = run_check
 
@@ -123,3 +127,10 @@ def test_a_signal_without_a_name_in_the_enum_is_a_crash_not_a_bug(checked: tuple
 def test_a_forked_child_that_hangs_is_killed_at_the_deadline(checked: tuple[Path, Path]) -> None:
     lines = probe(checked, "hang")
     assert lines[1].startswith("error RuntimeUnavailableError the runtime did not answer within 5 s while loading")
+
+
+def test_a_child_that_never_finishes_is_stopped_past_the_bundles_work(checked: tuple[Path, Path]) -> None:
+    lines = probe(checked, "endless")  # 4 samples in batches of 2: loading and 2 batches
+    assert lines[1].startswith(
+        "error RuntimeUnavailableError the runtime's process went on past the bundle's work (3"
+    ), lines
