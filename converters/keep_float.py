@@ -18,13 +18,14 @@ format's own handle (an ONNX node, a TFLite tensor).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pe_export.errors import ParityError
+from pe_export.errors import BadInputError, ParityError
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.metrics import compare_output
 from pe_export.parity.tolerances import Tolerance
@@ -52,12 +53,15 @@ class KeepFloatOutcome:
     # weight → 1 - cosine with its place quantized alone (the rest float), shared among the place's weights
     sensitivity: dict[str, float] = field(default_factory=dict)
     runs: int = 0  # quantized files built and run by the search
+    asked: list[str] = field(default_factory=list)  # kept float because --keep-float named them (among kept_float)
     verdicts: int = 0  # of which run on every judging input (the others on the probe's few rows)
     float_bytes: int = 0  # bytes the kept weights cost over int8 (4 B a value instead of 1)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
 
     def notes(self, what: str) -> list[str]:
         before = "".join(f"{step}; " for step in self.steps)
+        if self.asked:
+            before += f"{len(self.asked)} kept in float as --keep-float asked; "
         if not self.kept_float:
             return [
                 f"int8: {before}all {self.candidates} {what} quantized, worst cosine {self.cosine:.6f} against "
@@ -125,6 +129,7 @@ def keep_float_to_target(
     judging: Judging,
     tolerance: Tolerance,
     kinds: dict[str, Hashable],
+    asked: list[str] | None = None,
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
@@ -140,6 +145,10 @@ def keep_float_to_target(
     both formats, where a probe of the first two rows took 21 files (verdicts from its count up, by bisection)."""
     runs = verdicts = 0
     units = judging.units()
+    asked = list(asked or [])  # --keep-float: float in every candidate, out of the search
+    candidates = [name for name in candidates if name not in set(asked)]
+    if not candidates:
+        raise BadInputError("--keep-float names every int8 weight of this file: nothing would be int8 (name fewer)")
 
     def score(got: dict, want: dict, mask: np.ndarray | None) -> Score:
         return _score(got, want, mask, tolerance, judging.sequence_outputs)
@@ -150,7 +159,7 @@ def keep_float_to_target(
         nonlocal runs, verdicts
         raise_if_interrupted()
         runs += 1
-        model = build(kept)
+        model = build(asked + kept)
         if probe is not None:
             feeds, masks, expected = judging.of(probe)
             got = run(model, feeds)
@@ -162,7 +171,9 @@ def keep_float_to_target(
         return model, min(c for _, c in scores.values()), all(ok for ok, _ in scores.values()), scores
 
     model, cosine, passed, scores = judge([])
-    outcome = KeepFloatOutcome(model, [], len(candidates), cosine, passed, runs=runs, verdicts=verdicts)
+    outcome = KeepFloatOutcome(
+        model, list(asked), len(candidates) + len(asked), cosine, passed, runs=runs, verdicts=verdicts, asked=asked
+    )
     if passed or not candidates:
         return outcome
     singles = [unit for unit in units if judging.single(unit)] or units
@@ -193,7 +204,7 @@ def keep_float_to_target(
         if rest:
             probe.append(min(rest, key=lambda unit: scores[unit]))
         low = count + 1
-    outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, ranked[:chosen], cosine, passed
+    outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, asked + ranked[:chosen], cosine, passed
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
     outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
@@ -272,6 +283,37 @@ def with_single_rows(feeds: Feeds, masks: Masks) -> tuple[Feeds, Masks]:
             all_feeds.append({name: array[row : row + 1] for name, array in feed.items()})
             all_masks.append(None if mask is None else mask[row : row + 1])
     return all_feeds, all_masks
+
+
+def resolve_asked(requested: tuple[str, ...], candidates: list[str]) -> list[str]:
+    """The candidates ``--keep-float`` names: a weight's own name (a TFLite tensor, an ONNX node), or a path of
+    whole name segments in it (a Keras layer path, ``transformer_layer_2/feedforward_output_dense``; the ``_1``
+    Keras appends to a scope in the traced graph is allowed). A name that matches none is refused with names
+    that would."""
+    chosen: list[str] = []
+    for wanted in requested:
+        found = [c for c in candidates if c == wanted or _layer_path_in(wanted, c.split("#")[0])]
+        if not found:
+            examples = ", ".join(sorted({_short(c) for c in candidates})[:6])
+            raise BadInputError(
+                f"--keep-float {wanted!r} names no int8 weight of this file; expected a weight's name or a layer path "
+                f"in one ({len(candidates)} weights, e.g. {examples})"
+            )
+        chosen.extend(c for c in found if c not in chosen)
+    return chosen
+
+
+def _layer_path_in(path: str, name: str) -> bool:
+    """Whether ``path``'s segments appear in a row among ``name``'s, each as it is or with a ``_<n>`` suffix."""
+    wanted, parts = [part for part in path.split("/") if part], name.split("/")
+
+    def same(want: str, part: str) -> bool:
+        return part == want or re.fullmatch(re.escape(want) + r"_\d+", part) is not None
+
+    return bool(wanted) and any(
+        all(same(w, p) for w, p in zip(wanted, parts[start : start + len(wanted)], strict=True))
+        for start in range(len(parts) - len(wanted) + 1)
+    )
 
 
 def _short(name: str) -> str:

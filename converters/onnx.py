@@ -207,7 +207,7 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
     feeds, valid, sequence = judge() if judge is not None else ([], [], None)
-    outcome = quantize_to_target(model, feeds, options.tolerance, valid, sequence)
+    outcome = quantize_to_target(model, feeds, options.tolerance, valid, sequence, keep=options.keep_float)
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target, with_single_rows
+from pe_export.converters.keep_float import (
+    Judging,
+    KeepFloatOutcome,
+    keep_float_to_target,
+    resolve_asked,
+    with_single_rows,
+)
 from pe_export.converters.onnx_rewrites import drop_unread_initializers, gemms_to_matmuls, names_read_by
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.parity.tolerances import Tolerance
@@ -67,11 +73,15 @@ def quantize_to_target(
     tolerance: Tolerance,
     valid: list[np.ndarray | None] | None = None,
     sequence_outputs: set[str] | None = None,
+    keep: tuple[str, ...] = (),
 ) -> KeepFloatOutcome:
-    """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does."""
+    """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does; the nodes
+    ``keep`` names (--keep-float) float in every candidate."""
     prepared, steps = int8_ready(model)
+    asked = resolve_asked(keep, quantizable_nodes(prepared))
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
-        return KeepFloatOutcome(_quantize(prepared, []), [], len(quantizable_nodes(prepared)), float("nan"), True)
+        quantized = _quantize(prepared, asked)
+        return KeepFloatOutcome(quantized, asked, len(quantizable_nodes(prepared)), float("nan"), True, asked=asked)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
     # with onnxruntime's basic optimizations applied, which every session applies anyway
@@ -87,6 +97,7 @@ def quantize_to_target(
         Judging(feeds, masks, expected, sequence_outputs=sequence_outputs),
         tolerance,
         weight_kinds(smoothed),
+        asked,
     )
     outcome.steps = steps
     return outcome

@@ -39,6 +39,7 @@ class ExportOptions:
     inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)
     holdout: Path | None = None  # --holdout FILE: held-out samples (as --text or --inputs) that judge int8's choices
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
+    keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float (a name or a layer path)
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
 
     @property
@@ -63,6 +64,15 @@ class ExportOptions:
             raise BadInputError(
                 f"--holdout {self.holdout} needs --text or --inputs: it holds out samples of the same form "
                 "(sentences, or arrays by input name) from the choices they judge"
+            )
+        if self.keep_float and self.quantize != "dynamic-int8":
+            raise BadInputError(
+                f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float), not "
+                f"--quantize {self.quantize}; pass --quantize dynamic-int8 or drop --keep-float"
+            )
+        if self.keep_float and not self.verify:
+            raise BadInputError(
+                "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
             )
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")

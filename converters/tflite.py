@@ -72,7 +72,9 @@ def convert_tflite(
                     allow_flex=not options.builtins_only,
                     graph=graph,
                 )
-            outcome = int8_to_target(data, float_file, feeds, masks, options.tolerance, sequence)
+            outcome = int8_to_target(
+                data, float_file, feeds, masks, options.tolerance, sequence, keep=options.keep_float
+            )
             data = outcome.model
             notes = [*notes, *outcome.notes("int8 weights")]
     return data, log, notes

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target
+from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target, resolve_asked
 from pe_export.converters.smoothing import (
     SMOOTHING_ROWS,
     Smoothing,
@@ -271,10 +271,13 @@ def int8_to_target(
     masks: list[np.ndarray | None],
     tolerance: Tolerance,
     sequence_outputs: set[str] | None = None,
+    keep: tuple[str, ...] = (),
 ) -> KeepFloatOutcome:
     """The dynamic-range file, smoothed, with the fewest weights in float32 that meets ``tolerance``
-    against the float32 file on ``feeds``; each candidate run in the installed TFLite runtime."""
+    against the float32 file on ``feeds``, those ``keep`` names (--keep-float) float in every candidate; each
+    candidate run in the installed TFLite runtime."""
     edited = DynamicRangeFile(quantized, float_file)
+    asked = resolve_asked(keep, list(edited.weights))
     # No single-row copies of the batches (onnxruntime needs them): the hybrid kernels quantize each row
     # over its own range, so a row's result does not depend on the rows beside it.
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
@@ -293,6 +296,7 @@ def int8_to_target(
             Judging(feeds, masks, expected, rows_alone, sequence_outputs),
             tolerance,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
+            asked,
         )
     if smoothing.smoothed:
         outcome.steps.append(smoothing.note())

@@ -117,6 +117,12 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 default=None,
                 help="Ask more than the precision's cosine (the check, and what int8 must reach).",
             ),
+            click.option(
+                "--keep-float",
+                "keep_float",
+                multiple=True,
+                help="dynamic-int8: leave this weight float (its name, or a layer path in names). Repeatable.",
+            ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option(
                 "--force", is_flag=True, help="Export even where the memory estimate says the machine is too small."
@@ -174,6 +180,7 @@ def _export_options(**values: Any) -> Any:
         text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
         inputs=values["inputs"],
         holdout=values["holdout"],
+        keep_float=tuple(values["keep_float"]),
         tables=TableOptions(
             compress=values["compress"],
             method=values["compress_method"],

@@ -13,7 +13,7 @@ import pytest
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.keep_float import repeated_places
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import ExitCode, ParityError
+from pe_export.errors import BadInputError, ExitCode, ParityError
 from tests.fixtures.keras_hub_models import export_random_bert
 from tests.helpers import assert_judged_on_the_held_out_part, chosen_cosine, stricter_target
 
@@ -126,3 +126,57 @@ def test_the_probe_grows_by_the_rows_a_verdict_fails_on_and_the_count_is_the_few
     ranked = sorted(names, key=lambda n: -outcome.sensitivity[n])  # the search's order (sizes are equal)
     assert outcome.kept_float == ranked[: len(outcome.kept_float)]
     assert len(outcome.kept_float) == next(count for count in range(len(names) + 1) if passes(count))
+
+
+@pytest.mark.parametrize("file_format", ["tflite", "onnx"])
+def test_keep_float_leaves_the_named_weights_float(encoder: Path, file_format: str, tmp_path: Path) -> None:
+    """--keep-float NAME: the weights it names (a Keras layer path in TFLite's tensor names; ONNX's node names,
+    tf2onnx keeping no layer path on Gemm) stay float in the written file; a name that matches none is one line."""
+    export = export_tflite if file_format == "tflite" else export_onnx
+    output = tmp_path / f"m.{file_format}"
+    with pytest.raises(BadInputError, match="--keep-float 'no_such_layer' names no int8 weight of this file"):
+        export(encoder, output, ExportOptions(quantize="dynamic-int8", keep_float=("no_such_layer",)))
+    assert not output.exists()
+    if file_format == "tflite":
+        wanted, float_weights = "transformer_layer_1/feedforward_output_dense", _tflite_float_weights
+    else:
+        wanted, float_weights = _first_quantizable_onnx_node(encoder, tmp_path), _onnx_float_nodes
+    report = export(encoder, output, ExportOptions(quantize="dynamic-int8", keep_float=(wanted,)))
+    note = next(n for n in report.notes if n.startswith("int8:"))
+    assert report.exit_code == ExitCode.OK and "1 kept in float as --keep-float asked" in note, note
+    kept = float_weights(output)
+    if file_format == "tflite":  # that layer's one kernel, and no other (the default target needs none)
+        assert [("transformer_layer_1" in n, "feedforward_output_dense" in n) for n in kept] == [(True, True)], kept
+    else:
+        assert wanted in kept, kept
+
+
+def _tflite_float_weights(path: Path) -> list[str]:
+    """Names of the FULLY_CONNECTED weights read straight from the file that are float32 (not int8)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    weights = set()
+    for op in interpreter._get_ops_details():
+        if op["op_name"] == "FULLY_CONNECTED":
+            weights.add(op["inputs"][1])
+    details = {d["index"]: d for d in interpreter.get_tensor_details()}
+    return [details[i]["name"] for i in weights if details[i]["dtype"] .__name__ == "float32"]
+
+
+def _first_quantizable_onnx_node(encoder: Path, tmp_path: Path) -> str:
+    from pe_export.converters.onnx_quantize import int8_ready, quantizable_nodes
+
+    export_onnx(encoder, tmp_path / "fp32.onnx", ExportOptions(verify=False))
+    import onnx
+
+    return quantizable_nodes(int8_ready(onnx.load(str(tmp_path / "fp32.onnx")))[0])[0]
+
+
+def _onnx_float_nodes(path: Path) -> list[str]:
+    """Nodes of the written file that still multiply by a float weight (MatMul, not MatMulInteger)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    weights = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gather") and set(n.input) & weights]
