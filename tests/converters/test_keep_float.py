@@ -161,7 +161,7 @@ def _tflite_float_weights(path: Path) -> list[str]:
         if op["op_name"] == "FULLY_CONNECTED":
             weights.add(op["inputs"][1])
     details = {d["index"]: d for d in interpreter.get_tensor_details()}
-    return [details[i]["name"] for i in weights if details[i]["dtype"] .__name__ == "float32"]
+    return [details[i]["name"] for i in weights if details[i]["dtype"].__name__ == "float32"]
 
 
 def _first_quantizable_onnx_node(encoder: Path, tmp_path: Path) -> str:
