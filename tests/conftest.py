@@ -100,3 +100,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from tests.docker_builds import stop
 
     stop(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Whole-module slow files first (minutes each: real weights, emulated arm64, fuzzing, images), the quick ones
+    after: with two workers taking whole files in this order, the short files fill the end instead of one long
+    file running alone there. Within a file the order is kept."""
+
+    def module_is_slow(item: pytest.Item) -> bool:
+        marks = getattr(item.module, "pytestmark", []) if hasattr(item, "module") else []
+        marks = marks if isinstance(marks, list) else [marks]
+        return any(mark.name == "slow" for mark in marks)
+
+    items.sort(key=lambda item: not module_is_slow(item))  # stable: collection order within each group
