@@ -78,10 +78,10 @@ def quantize_to_target(
     """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does; the nodes
     ``keep`` names (--keep-float) float in every candidate."""
     prepared, steps = int8_ready(model)
-    asked = resolve_asked(keep, quantizable_nodes(prepared))
+    nodes = quantizable_nodes(prepared)
+    asked = resolve_asked(keep, nodes)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
-        quantized = _quantize(prepared, asked)
-        return KeepFloatOutcome(quantized, asked, len(quantizable_nodes(prepared)), float("nan"), True, asked=asked)
+        return KeepFloatOutcome(_quantize(prepared, asked), asked, len(nodes), float("nan"), True, asked=asked)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
     # with onnxruntime's basic optimizations applied, which every session applies anyway

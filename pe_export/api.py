@@ -546,7 +546,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
             _write_external(data, staged, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
-            if job.decides and job.parts.note:
+            if job.parts.note:  # what int8 chose on and what judged it (only where it chooses)
                 report.notes.append(job.parts.note)
         raise_if_interrupted()  # never publish after a Ctrl-C, even one a finalizer swallowed
         if report.exit_code == ExitCode.PARITY_FAILED:

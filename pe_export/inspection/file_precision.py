@@ -10,11 +10,11 @@ from typing import cast
 
 from pe_export.inspection.flatbuffer import CorruptFileError, root_table
 from pe_export.inspection.onnx_metadata import GRAPH
+from pe_export.inspection.tflite_file import MODEL_SUBGRAPHS, SUBGRAPH_TENSORS, TENSOR_BUFFER, TENSOR_TYPE
 from pe_export.inspection.tflite_metadata import MODEL_BUFFERS, buffer_size
 from pe_export.protowire import Damaged, integer, integers, messages, text
 
-# TFLite schema: Model.subgraphs, SubGraph.tensors, Tensor.type and Tensor.buffer; TensorType codes.
-_SUBGRAPHS, _TENSORS, _TYPE, _BUFFER = 2, 0, 1, 2
+# TFLite TensorType codes.
 _TFLITE_FLOAT16, _TFLITE_INTEGER = 1, {9: "int8", 3: "uint8", 7: "int16"}
 # ONNX: GraphProto.node / .initializer, NodeProto.op_type, TensorProto.dims / .data_type; TensorProto codes.
 _NODE, _INITIALIZER, _OP_TYPE, _DIMS, _DATA_TYPE = 1, 5, 4, 1, 2
@@ -63,9 +63,9 @@ def _tflite(data: bytes) -> tuple[str, str]:
     integer: dict[str, int] = {}
     integer_ops: set[str] = set()
     half = 0
-    for subgraph in model.tables(_SUBGRAPHS):
-        for tensor in subgraph.tables(_TENSORS):
-            kind, buffer = int(tensor.scalar(_TYPE, "b")), int(tensor.scalar(_BUFFER, "I"))
+    for subgraph in model.tables(MODEL_SUBGRAPHS):
+        for tensor in subgraph.tables(SUBGRAPH_TENSORS):
+            kind, buffer = int(tensor.scalar(TENSOR_TYPE, "b")), int(tensor.scalar(TENSOR_BUFFER, "I"))
             constant = 0 < buffer < len(sizes) and sizes[buffer] > 0
             if kind in _TFLITE_INTEGER and constant:
                 integer[_TFLITE_INTEGER[kind]] = integer.get(_TFLITE_INTEGER[kind], 0) + 1

@@ -33,9 +33,9 @@ def run_check(
     runtime = resolve_runtime(model, options.runtime)
     extra = runner_options_for(runtime, options)
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
-    # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default.
-    stated = stamps.get(PRECISION) or file_precision(model)[0]
-    precision = options.precision or _judged_precision(stated, arithmetic)
+    # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default; read only
+    # where no --precision says it.
+    precision = options.precision or _judged_precision(stamps.get(PRECISION) or file_precision(model)[0], arithmetic)
     tolerances = _tolerances(bundle, precision, options)
     runner = create_runner(runtime, model, **extra)
     first_result_s = 0.0
