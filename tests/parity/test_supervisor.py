@@ -83,6 +83,20 @@ def test_this_process_is_not_forked_from() -> None:
     assert threads > threading.active_count() and not fork_is_safe()
 
 
+ORT_SESSION_WITH_POOL = """\
+import onnx, onnxruntime
+from onnx import TensorProto, helper
+graph = helper.make_graph(
+    [helper.make_node("Identity", ["x"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+)
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = 2
+session = onnxruntime.InferenceSession(
+    helper.make_model(graph).SerializeToString(), options, providers=["CPUExecutionProvider"]
+)"""
+
 FORK_VERDICT = (
     "import threading, time\n{setup}\nfrom pe_export.parity.supervisor import fork_is_safe\nprint(fork_is_safe())"
 )
@@ -94,7 +108,9 @@ FORK_VERDICT = (
         ("import numpy", "1", True),  # a module that merely is loaded: no thread, nothing held
         ("import numpy", "2", False),  # the same module with its BLAS pool started: a native thread
         ("threading.Thread(target=time.sleep, args=(5,), daemon=True).start()", "1", False),
-        ("import onnxruntime", "1", False),  # its own worker thread, whatever the BLAS setting
+        # A runtime session with its intra-op pool: its own worker thread, whatever the BLAS setting. (Importing
+        # onnxruntime alone starts a thread on some hosts and none on others, so it decides nothing here.)
+        (ORT_SESSION_WITH_POOL, "1", False),
     ],
 )
 def test_the_fork_decision_counts_the_process_threads(setup: str, threads: str, forks: bool) -> None:
