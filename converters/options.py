@@ -41,6 +41,7 @@ class ExportOptions:
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
     keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float (a name or a layer path)
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
+    layer_map: bool = True  # stamp which tensor carries each layer, proven on the float32 file (pe_export/layers)
 
     @property
     def precision(self) -> str:

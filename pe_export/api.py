@@ -224,11 +224,35 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
         ),
     )
+    layer_map = _layer_map_entries(job, data, notes)
     if early is None or data is not early.data:  # the child's file has its metadata already
-        data = embed_tflite_metadata(data, job.provenance, signature_key=job.signature)
+        data = embed_tflite_metadata(data, {**job.provenance, **layer_map}, signature_key=job.signature)
+    elif layer_map:
+        data = embed_tflite_metadata(data, layer_map)
     early = None  # its bytes are not held past the embedding
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)
+
+
+def _layer_map_entries(job: _Job, data: Any, notes: list[str]) -> dict[str, str]:
+    """The layer map's metadata entry, where the export verifies and a runtime here runs the file."""
+    if not (job.options.layer_map and job.options.verify):
+        return {}
+    from pe_export.errors import PeExportError
+    from pe_export.layers.export_map import layer_map_for
+    from pe_export.layers.mapping import LAYER_MAP
+
+    try:
+        layer_map, why = layer_map_for(job, data, job.file_format)
+    except PeExportError as err:  # the file cannot run here (Flex ops, no runtime): verification says so too
+        notes.append(f"no layer map: {err}")
+        return {}
+    if layer_map is None:
+        notes.append(str(why))
+        return {}
+    mapped, total = len(layer_map.tensors), len(layer_map.tensors) + len(layer_map.unmapped) + len(layer_map.fused)
+    notes.append(f"layer map: {mapped} of {total} layers carried by a tensor of the file (parity --layers reads it)")
+    return {LAYER_MAP: layer_map.to_json()}
 
 
 def converts_in_child(options: ExportOptions) -> bool:
@@ -272,8 +296,9 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             job.frozen, options, quiet=quiet, prepared=prepared, judge=job.judge_feeds if options.verify else None
         ),
     )
+    layer_map = _layer_map_entries(job, data, notes)
     model = import_onnx().load_from_string(data) if isinstance(data, bytes) else data
-    embed_onnx_metadata(model, job.provenance)
+    embed_onnx_metadata(model, {**job.provenance, **layer_map})
     if is_inline(model):
         data = model.SerializeToString()
         summary = summarize_onnx_model(model, Path(output), len(data))

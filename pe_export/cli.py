@@ -32,6 +32,7 @@ from pe_export.errors import (
     EXIT_CODE_MEANINGS,
     INTERRUPTED_SIGINT,
     INTERRUPTED_SIGTERM,
+    BadInputError,
     ExitCode,
     ParityError,
     PeExportError,
@@ -86,6 +87,11 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
             click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
+            click.option(
+                "--no-layer-map",
+                is_flag=True,
+                help="Stamp no layer map (which tensor carries each layer, for parity --layers).",
+            ),
             click.option(
                 "--text",
                 type=click.Path(path_type=Path),
@@ -173,6 +179,7 @@ def _export_options(**values: Any) -> Any:
         builtins_only=values.get("builtins_only", False),
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
         verify=not values["no_verify"],
+        layer_map=not values["no_layer_map"],
         overwrite=values["overwrite"],
         keep_failed=values["keep_failed"],
         min_cosine=values["min_cosine"],
@@ -327,6 +334,12 @@ def inspect(path: Path, signature: str | None) -> int:
     help="tokenizer.json for --text (default: beside or inside the SavedModel).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--layers",
+    default=None,
+    help="Also store the reference's activations at its layers: blocks, all, or a regular expression over the "
+    "layer paths (for parity --layers).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
 def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path | None, **values: Any) -> int:
     """Write a golden bundle: representative inputs and SAVED_MODEL's float32 outputs."""
@@ -335,9 +348,10 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 
     sentences = None if text is None else TextInputs(text, tokenizer)
     result = make_golden(saved_model, output, GoldenOptions(**values, text=sentences))
+    layers = f", {result.layers} layers' activations ({result.layer_bytes:,} B)" if result.layers else ""
     click.echo(
         f"OK: wrote {result.path} ({result.samples} samples of {result.seq_len} positions in {result.batches} "
-        f"batches, {result.bytes:,} B, "
+        f"batches{layers}, {result.bytes:,} B, "
         f"model digest {result.digest[:12]}…)"
     )
     return ExitCode.OK
@@ -365,7 +379,26 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 @click.option("--rtol", multiple=True, help="Relative tolerance, for all outputs or OUTPUT:VALUE. Repeatable.")
 @click.option("--ignore-digest", is_flag=True, help="Compare even if the bundle was made from another model.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the full report.")
-@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of error by position.")
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write a PNG of error by position (with --layers: by layer, and layer × position).",
+)
+@click.option(
+    "--layers",
+    "layers",
+    is_flag=True,
+    help="Also compare the bundle's layer activations (golden --layers) with the file's tensors; exit 1 when "
+    "any is over tolerance, naming the first.",
+)
+@click.option(
+    "--model-explorer",
+    "model_explorer",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="With --layers: write the per-layer error as Model Explorer node data (JSON).",
+)
 @click.option(
     "--timeout",
     type=float,
@@ -377,7 +410,15 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
 @_gpu_options
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json and --plot files.")
-def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None, overwrite: bool, **values: Any) -> int:
+def parity(
+    model: Path,
+    bundle: Path,
+    json_path: Path | None,
+    plot: Path | None,
+    model_explorer: Path | None,
+    overwrite: bool,
+    **values: Any,
+) -> int:
     """Check MODEL (.tflite/.onnx) against a golden BUNDLE; exit 1 when it is over tolerance."""
     from pe_export.fileio import atomic_write_bytes, check_output_path
     from pe_export.parity.harness import ParityOptions, check_parity
@@ -389,6 +430,10 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         check_output_path(json_path, overwrite=overwrite, suffix=".json", flag="--json")
     if plot:
         check_plot_output(plot, overwrite=overwrite)
+    if model_explorer:
+        if not values["layers"]:
+            raise BadInputError("--model-explorer writes per-layer errors; it needs --layers")
+        check_output_path(model_explorer, overwrite=overwrite, suffix=".json", flag="--model-explorer")
     atol, output_atol = parse_overrides(values["atol"], "--atol")
     rtol, output_rtol = parse_overrides(values["rtol"], "--rtol")
     runtime, providers, profile = _target_runtime(model, values["target"], values["runtime"], values["providers"])
@@ -411,15 +456,24 @@ def parity(model: Path, bundle: Path, json_path: Path | None, plot: Path | None,
         gpu_precision=values["gpu_precision"],
         cpu_fallback=values["cpu_fallback"],
         target_tolerances=profile.tolerances if profile else {},
+        layers=values["layers"],
     )
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))
     if json_path:
         atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=overwrite)
-    if plot:
+    if plot and report.layers is not None:
+        from pe_export.layers.render import write_layer_plot
+
+        write_layer_plot(report, plot, overwrite=overwrite)
+    elif plot:
         from pe_export.parity.plot import write_profile_plot
 
         write_profile_plot([(model.name, report)], plot, overwrite=overwrite)
+    if model_explorer and report.layers is not None:
+        from pe_export.layers.render import write_model_explorer
+
+        write_model_explorer(report, model_explorer, overwrite=overwrite)
     if not report.passed:
         raise ParityError(report.failure_message())
     return ExitCode.OK

@@ -55,3 +55,6 @@ MAX_COMPRESS = 1 << 16  # values stored per position
 GOLDEN_SAMPLES = 16
 GOLDEN_BATCH = 4
 GOLDEN_SEQ_LEN = 16  # for dynamic-length models without a table read by position
+# golden --layers: the reference's activations a bundle may hold, all batches together (a BERT-base bundle of 16
+# sentences at 128 tokens holds about 0.4 GB with --layers all, 25 MB with blocks).
+MAX_LAYER_BYTES = 2 << 30

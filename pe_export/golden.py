@@ -31,6 +31,7 @@ class GoldenOptions:
     labels: Path | None = None  # task labels (.npz keyed by output name, class ids, -1 = ignore); with inputs
     overwrite: bool = False
     text: TextInputs | None = None  # sentences tokenized with the model's tokenizer.json, as the inputs
+    layers: str | None = None  # also store the reference's activations: "blocks", "all" or a regex (layers/select.py)
 
     def validate(self) -> None:
         if self.labels is not None and self.inputs is None:
@@ -40,6 +41,10 @@ class GoldenOptions:
         check_range("--samples", self.samples, 1, MAX_SAMPLES)
         check_range("--batch", self.batch, 1, MAX_BATCH)
         check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
+        if self.layers is not None:
+            from pe_export.layers.select import check_selection
+
+            check_selection(self.layers)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class GoldenResult:
     bytes: int
     digest: str
     seq_len: int
+    layers: int = 0  # layers whose activations it holds
+    layer_bytes: int = 0
 
 
 def make_golden(
@@ -116,10 +123,12 @@ def _make_golden(
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
     labels = _user_labels(options.labels, output_specs, user_arrays) if options.labels else {}
     expected = options.samples if not (options.inputs or text) else None
+    tapped = _LayerStore(frozen, options.layers, seq_len) if options.layers else None
     with SavedModelRunner(saved_model, signature=options.signature, loaded=loaded) as reference:
+        written = _labelled(_deterministic(reference_batches(reference, batches), frozen, reference, source), labels)
         total, count = write_bundle(
             output,
-            _labelled(_deterministic(reference_batches(reference, batches), frozen, reference, source), labels),
+            written if tapped is None else tapped.attach(written),
             model={
                 "path": str(source.given),
                 "digest": source.digest,
@@ -132,9 +141,59 @@ def _make_golden(
             labels=labels,
             progress=None if progress is None else lambda done: progress(done, expected or done),
             sequence_outputs=sequence_outputs(model_specs, output_specs.values()),
+            layers=None if tapped is None else tapped.entries,
         )
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
-    return GoldenResult(output, total, count, size, source.digest, seq_len)
+    layers = (len(tapped.entries()), tapped.bytes) if tapped else (0, 0)
+    return GoldenResult(output, total, count, size, source.digest, seq_len, *layers)
+
+
+class _LayerStore:
+    """The reference's activations at its layer boundaries, added to each batch (pe_export/layers), bounded."""
+
+    def __init__(self, frozen: Any, selection: str, seq_len: int) -> None:
+        from pe_export.layers.tap import LayerTap
+
+        self.tap = LayerTap(frozen, selection)
+        if not self.tap.layers:
+            raise BadInputError(
+                f"--layers {selection!r} selects no layer of this model; --layers all lists every layer boundary "
+                "the graph has (name scopes that hand on one activation)"
+            )
+        self.seq_len, self.selection = seq_len, selection
+        self.bytes = 0
+        self._specs: dict[str, Any] = {}
+
+    def attach(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        from pe_export.constants import MAX_LAYER_BYTES
+
+        for batch in batches:
+            layers = self.tap.activations(batch.inputs)
+            self._specs = self._specs or {name: value for name, value in layers.items()}
+            layers = {name: layers[name] for name in self._specs}  # the first batch's layers, every batch
+            self.bytes += sum(value.nbytes for value in layers.values())
+            if self.bytes > MAX_LAYER_BYTES:
+                raise BadInputError(
+                    f"--layers {self.selection!r}: the activations of {len(layers)} layers pass "
+                    f"{MAX_LAYER_BYTES / 2**30:.0f} GiB at batch {batch.index + 1}; pass --layers blocks, a narrower "
+                    "regular expression, or fewer --samples"
+                )
+            yield replace(batch, layers=layers)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The manifest's layer entries: name, dtype, shape (batch axis open), the graph tensor, sequence axis."""
+        tensors = {layer.name: layer.tensor for layer in self.tap.layers}
+        return [
+            {
+                "name": name,
+                "dtype": value.dtype.name,
+                "shape": [None, *value.shape[1:]],
+                "tensor": tensors[name],
+                # the padding mask applies where axis 1 runs along the checked sequence (as for the outputs)
+                "sequence": value.ndim >= 3 and value.shape[1] == self.seq_len,
+            }
+            for name, value in self._specs.items()
+        ]
 
 
 def _deterministic(batches: Iterator[Batch], frozen: Any, reference: Any, source: ModelSource) -> Iterator[Batch]:

@@ -99,6 +99,10 @@ def format_parity_report(report: ParityReport) -> list[str]:
             lines.append(
                 f"  {m.name} task accuracy: {m.task_accuracy:.4f} (float32 reference {m.reference_accuracy:.4f})"
             )
+    if report.layers is not None:
+        from pe_export.layers.render import format_layers
+
+        lines.extend(format_layers(report.layers))
     lines.append(
         f"  time: load {report.load_s:.2f} s, first result {report.first_result_s:.2f} s, total {report.total_s:.2f} s"
     )

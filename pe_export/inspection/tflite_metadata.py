@@ -17,6 +17,8 @@ MODEL_BUFFERS, MODEL_METADATA = 4, 6
 METADATA_NAME, METADATA_BUFFER = 0, 1
 BUFFER_DATA, BUFFER_SIZE = 0, 2
 MAX_METADATA_BYTES = 1 << 16  # larger entries (e.g. TFLite support metadata) are listed, not read
+LAYER_MAP_KEY = "pe_export.layer_map"  # read whatever its size (a 24-layer model's map passes 64 KiB)
+MAX_LAYER_MAP_BYTES = 1 << 24
 
 
 def buffer_size(buffer: Table) -> int:
@@ -32,9 +34,11 @@ def metadata_entries(model: Table, buffers: list[Table]) -> tuple[dict[str, str]
             raise CorruptFileError(f"metadata names buffer {index} of {len(buffers)}")
         used.add(index)
         size = buffer_size(buffers[index])
-        metadata[entry.string(METADATA_NAME)] = (
+        name = entry.string(METADATA_NAME)
+        limit = MAX_LAYER_MAP_BYTES if name == LAYER_MAP_KEY else MAX_METADATA_BYTES
+        metadata[name] = (
             buffers[index].byte_vector(BUFFER_DATA).decode("utf-8", errors="replace").rstrip("\x00 ")
-            if size <= MAX_METADATA_BYTES
+            if size <= limit
             else f"<{size} bytes>"
         )
     return metadata, used

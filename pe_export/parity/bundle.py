@@ -3,7 +3,8 @@
 Layout of a bundle directory::
 
     manifest.json           what the bundle holds (validated on load, see validate_manifest)
-    batches/00000.npz ...   one batch each: "input/<name>", "output/<name>", "valid" arrays
+    batches/00000.npz ...   one batch each: "input/<name>", "output/<name>", "valid" arrays, and with
+                            `golden --layers` the reference's activations "layer/<layer path>"
 
 Written by ``write_bundle`` (from `pe-export golden`), read by ``load_bundle``; arrays are read with
 ``allow_pickle=False`` and one batch is in memory at a time. An export's own check uses the same batches
@@ -38,6 +39,7 @@ MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "pe-export-golden"
 BUNDLE_VERSION = 1
 INPUT_PREFIX, OUTPUT_PREFIX, LABEL_PREFIX, VALID_KEY = "input/", "output/", "label/", "valid"
+LAYER_PREFIX = "layer/"
 IGNORED_LABEL = -1  # label value for positions that carry no task target
 
 
@@ -49,6 +51,7 @@ class Batch:
     valid: np.ndarray  # [batch, seq] booleans: real tokens True, padding False
     labels: dict[str, np.ndarray] = field(default_factory=dict)  # class ids per output (-1 = ignore), if any
     case: str | None = None  # a named case is judged on its own (an export's "random" and "padded" inputs)
+    layers: dict[str, np.ndarray] = field(default_factory=dict)  # the reference's activations, by layer path
 
     @property
     def where(self) -> str:
@@ -93,6 +96,15 @@ class Bundle:
         return {entry["name"] for entry in entries if entry["sequence"]}
 
     @property
+    def layers(self) -> list[TensorSpec]:
+        """The layers whose activations the batches hold (``golden --layers``), in graph order; none before."""
+        return [_spec(entry) for entry in self.manifest.get("layers", [])]
+
+    @property
+    def sequence_layers(self) -> set[str]:
+        return {entry["name"] for entry in self.manifest.get("layers", []) if entry.get("sequence") is True}
+
+    @property
     def label_outputs(self) -> list[str]:
         return list(self.manifest.get("labels", []))
 
@@ -115,11 +127,16 @@ class Bundle:
         arrays = self._read_checked(entry["file"], entry["sha256"], samples)
         inputs = {k[len(INPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(INPUT_PREFIX)}
         outputs = {k[len(OUTPUT_PREFIX) :]: v for k, v in arrays.items() if k.startswith(OUTPUT_PREFIX)}
+        layers = {k[len(LAYER_PREFIX) :]: v for k, v in arrays.items() if k.startswith(LAYER_PREFIX)}
         where = f"bundle {self.path}: {entry['file']}"
         if VALID_KEY not in arrays:
             raise BadInputError(f"{where} has no 'valid' mask")
         valid = arrays[VALID_KEY].astype(bool)
-        for kind, specs, found in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
+        for kind, specs, found in (
+            ("input", self.inputs, inputs),
+            ("output", self.outputs, outputs),
+            ("layer", self.layers, layers),
+        ):
             missing = sorted({s.name for s in specs} - set(found))
             if missing:  # each present one's dtype and shape were checked from its header (_declared_check)
                 raise BadInputError(f"{where} lacks {kind}s {', '.join(missing)}")
@@ -131,7 +148,7 @@ class Bundle:
                 )
         if valid.ndim != 2 or valid.shape[0] != samples:
             raise BadInputError(f"{where} 'valid' has shape {valid.shape}")
-        return Batch(index, inputs, outputs, valid, self._labels(arrays, outputs, where))
+        return Batch(index, inputs, outputs, valid, self._labels(arrays, outputs, where), layers=layers)
 
     def _read_checked(self, file: str, sha256: str, samples: int) -> dict[str, np.ndarray]:
         """A batch file's arrays, once it is known to be the bundle's own, present and unchanged."""
@@ -150,9 +167,11 @@ class Bundle:
     def _declared_check(self, file: str, samples: int) -> Declared:
         """What a batch file's arrays may declare, checked before any is read: inputs and outputs as the
         manifest's specs say for the batch's ``samples``; the mask and labels no larger per sample than they are."""
-        specs = {f"{INPUT_PREFIX}{s.name}": s for s in self.inputs} | {
-            f"{OUTPUT_PREFIX}{s.name}": s for s in self.outputs
-        }
+        specs = (
+            {f"{INPUT_PREFIX}{s.name}": s for s in self.inputs}
+            | {f"{OUTPUT_PREFIX}{s.name}": s for s in self.outputs}
+            | {f"{LAYER_PREFIX}{s.name}": s for s in self.layers}
+        )
         largest = max((int(np.prod([d or 1 for d in s.shape[1:]])) for s in specs.values()), default=1)
 
         def check(key: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -275,6 +294,11 @@ def validate_manifest(manifest: Any, where: Path) -> dict[str, Any]:
         _check_top_fields(manifest)
         for key in ("inputs", "outputs"):
             _check_specs(manifest[key], key)
+        if "layers" in manifest:
+            if not isinstance(manifest["layers"], list):
+                raise _ManifestProblem("field 'layers' should be a list")
+            if manifest["layers"]:
+                _check_specs(manifest["layers"], "layers")
         output_names = {entry["name"] for entry in manifest["outputs"]}
         labels = manifest.get("labels", [])
         if not isinstance(labels, list) or not all(isinstance(n, str) and n in output_names for n in labels):
@@ -366,12 +390,14 @@ def write_bundle(
     labels: Iterable[str] = (),
     progress: Callable[[int], None] | None = None,
     sequence_outputs: set[str] | None = None,
+    layers: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> tuple[int, int]:
     """Write ``batches`` as a bundle at ``output`` (a folder) and return (samples, batches). The bundle is
     built in a temporary folder beside ``output`` and moved into place whole; an old one is replaced only
     then. ``model`` holds the source's path, digest and signature; ``progress`` gets the samples so far;
     ``sequence_outputs`` (from the signature) are the outputs whose axis 1 is the sequence, recorded per
-    output as ``"sequence"``: the padding mask applies to them only."""
+    output as ``"sequence"``: the padding mask applies to them only. ``layers`` gives the manifest's layer entries
+    (name, dtype, shape, tensor, sequence) once the batches are written (their activations are in each batch)."""
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         os.chmod(work, folder_mode())  # mkdtemp makes 0700: a bundle is for other users (the device images) too
@@ -382,6 +408,7 @@ def write_bundle(
             arrays = {f"{INPUT_PREFIX}{k}": v for k, v in batch.inputs.items()}
             arrays.update({f"{OUTPUT_PREFIX}{k}": v for k, v in batch.outputs.items()})
             arrays.update({f"{LABEL_PREFIX}{k}": v for k, v in batch.labels.items()})
+            arrays.update({f"{LAYER_PREFIX}{k}": v for k, v in batch.layers.items()})
             arrays[VALID_KEY] = batch.valid
             np.savez(work / name, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds as allow_pickle
             samples = int(batch.valid.shape[0])
@@ -406,6 +433,8 @@ def write_bundle(
             "tolerances": {name: vars(tol) for name, tol in DEFAULT_TOLERANCES.items()},
             "labels": sorted(labels),
         }
+        if layers is not None:
+            manifest["layers"] = layers()
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _publish(work, output)
     finally:

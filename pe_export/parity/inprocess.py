@@ -36,7 +36,12 @@ def run_check(
     # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default; read only
     # where no --precision says it.
     precision = options.precision or _judged_precision(stamps.get(PRECISION) or file_precision(model)[0], arithmetic)
-    tolerances = _tolerances(bundle, precision, options)
+    tolerances, overall = _tolerances(bundle, precision, options)
+    layer_map = None
+    if options.layers:  # refused before any work when the file or bundle cannot say it
+        from pe_export.layers.check import layers_checkable
+
+        layer_map = layers_checkable(model, stamps, bundle, runtime)
     runner = create_runner(runtime, model, **extra)
     first_result_s = 0.0
 
@@ -62,6 +67,11 @@ def run_check(
         )
     finally:
         runner.deactivate()
+    layers = None
+    if layer_map is not None:
+        from pe_export.layers.check import check_layers
+
+        layers = check_layers(model, bundle, runtime, extra, overall, layer_map, progress)
     return ParityReport(
         model=model,
         bundle=bundle.path,
@@ -76,6 +86,7 @@ def run_check(
         total_s=time.perf_counter() - started,
         arithmetic=arithmetic,
         positions=bundle.seq_len,
+        layers=layers,
     )
 
 
@@ -104,7 +115,8 @@ def _check_digest(stamped: str | None, bundle: Bundle, ignore: bool, model: Path
     return "match"
 
 
-def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[str, Tolerance]:
+def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> tuple[dict[str, Tolerance], Tolerance]:
+    """(per output, the overall one: what layers are judged by)."""
     base = tolerance_for(precision)
     pinned = bundle.manifest["tolerances"].get(precision)
     if isinstance(pinned, dict):
@@ -118,7 +130,8 @@ def _tolerances(bundle: Bundle, precision: str, options: ParityOptions) -> dict[
             f"tolerance given for unknown output(s) {', '.join(unknown)}; outputs are: {', '.join(names)}"
         )
     overall = base.override(options.atol, options.rtol)
-    return {name: overall.override(options.output_atol.get(name), options.output_rtol.get(name)) for name in names}
+    per_output = {n: overall.override(options.output_atol.get(n), options.output_rtol.get(n)) for n in names}
+    return per_output, overall
 
 
 # Coarsest last: a file is judged by its own precision or the runtime's arithmetic, whichever is coarser.

@@ -66,6 +66,62 @@ class OutputMetrics:
 
 
 @dataclass(frozen=True)
+class LayerMetrics:
+    """One layer of the reference against the file's tensor that carries it (pe_export/layers/compare.py)."""
+
+    name: str
+    tensor: str  # the file's tensor
+    max_abs: float
+    mean_abs: float
+    cosine: float
+    relative_error: float  # ‖a − e‖ / ‖e‖ over the compared elements
+    growth: float | None  # relative_error over the previous layer's (None for the first)
+    atol: float
+    rtol: float
+    min_cosine: float
+    ok: bool
+    violations: int
+    compared: int
+    pooled_cosine: float | None = None
+    position_max_abs: tuple[float, ...] | None = None  # per sequence position, padding excluded
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerMetrics:
+        profile = data.get("position_max_abs")
+        return cls(**{**data, "position_max_abs": None if profile is None else tuple(profile)})
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """``parity --layers``: the mapped layers in graph order, and those of the bundle the file cannot show."""
+
+    layers: list[LayerMetrics]
+    unmapped: dict[str, str]  # layer → why the file has no tensor for it
+    kernels: str  # how the intermediates were read (a runtime's note: "builtin kernels, XNNPACK off")
+
+    @property
+    def first_divergence(self) -> str | None:
+        return next((layer.name for layer in self.layers if not layer.ok), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": [layer.to_dict() for layer in self.layers],
+            "first_divergence": self.first_divergence,
+            "unmapped_layers": self.unmapped,
+            "kernels": self.kernels,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerReport:
+        return cls(
+            [LayerMetrics.from_dict(layer) for layer in data["layers"]], dict(data["unmapped_layers"]), data["kernels"]
+        )
+
+
+@dataclass(frozen=True)
 class ParityOptions:
     runtime: str | None = None  # default: the first installed runtime for the file
     providers: tuple[str, ...] = DEFAULT_PROVIDERS
@@ -83,6 +139,7 @@ class ParityOptions:
     cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
     # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
     target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+    layers: bool = False  # also compare the bundle's layer activations with the file's tensors (golden --layers)
 
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
@@ -110,10 +167,12 @@ class ParityReport:
     total_s: float
     arithmetic: str | None = None  # the runtime's own precision when coarser than the file's (a GPU's fp16)
     positions: int | None = None  # sequence length compared (None: no sequence axis)
+    layers: LayerReport | None = None  # with --layers
 
     @property
     def passed(self) -> bool:
-        return all(m.within_tolerance for m in self.outputs)
+        layers_ok = self.layers is None or self.layers.first_divergence is None
+        return all(m.within_tolerance for m in self.outputs) and layers_ok
 
     @property
     def reference(self) -> str:
@@ -150,6 +209,7 @@ class ParityReport:
             "timing_s": {"load": self.load_s, "first_result": self.first_result_s, "total": self.total_s},
             "tolerances": {name: vars(tol) for name, tol in self.tolerances.items()},
             "outputs": [m.to_dict() for m in self.outputs],
+            **({} if self.layers is None else self.layers.to_dict()),
         }
 
     @classmethod
@@ -170,6 +230,7 @@ class ParityReport:
             total_s=timing["total"],
             arithmetic=data.get("arithmetic"),
             positions=data.get("positions"),
+            layers=LayerReport.from_dict(data) if "layers" in data else None,
         )
 
     def failure_message(self) -> str:
@@ -177,6 +238,8 @@ class ParityReport:
         failed = {m.name for m in self.outputs if not m.within_tolerance}  # an output in two cases is one output
         outputs = {m.name for m in self.outputs}
         worst = self.worst_failure()
+        if worst is None and self.layers is not None and self.layers.first_divergence is not None:
+            return self._layer_failure(self.layers)
         assert worst is not None, "failure_message() of a report that passed"
         tol = self.tolerances[worst.name]
         where = ""
@@ -194,6 +257,20 @@ class ParityReport:
                 if self.arithmetic == "fp16"
                 else ""
             )
+            + (
+                f"; first layer over tolerance: {self.layers.first_divergence!r}"
+                if self.layers is not None and self.layers.first_divergence
+                else ""
+            )
+        )
+
+    def _layer_failure(self, report: LayerReport) -> str:
+        first = next(layer for layer in report.layers if not layer.ok)
+        over = sum(not layer.ok for layer in report.layers)
+        return (
+            f"{self.model.name} fails layer-wise parity on {self.runtime}: its outputs are within tolerance, "
+            f"{over} of {len(report.layers)} layers are not; first {first.name!r}: max abs {first.max_abs:.3g} "
+            f"(atol {first.atol:g}, rtol {first.rtol:g}, cosine ≥ {first.min_cosine:g}), cosine {first.cosine:.6f}"
         )
 
 

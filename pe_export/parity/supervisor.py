@@ -56,7 +56,8 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
             process: _Process = _Forked.start(request, stderr)
         else:
             process = _spawn(python or [sys.executable], request, stderr)
-        watch = _Watch(process, stderr, model, options.timeout_s, _progress_limit(bundle))
+        passes = 2 if options.layers else 1  # --layers runs the batches again with the tensors kept
+        watch = _Watch(process, stderr, model, options.timeout_s, _progress_limit(bundle, passes))
         try:
             return watch.report()
         finally:
@@ -90,13 +91,14 @@ def _os_threads() -> int | None:
         return None
 
 
-def _progress_limit(bundle: Path) -> int:
-    """How many heartbeats a check of ``bundle`` sends at most: one when the runtime has loaded, one per batch.
+def _progress_limit(bundle: Path, passes: int = 1) -> int:
+    """How many heartbeats a check of ``bundle`` sends at most: one when the runtime has loaded, one per batch
+    and pass.
     Each waits at most --timeout, so the whole run is bounded too. A manifest this process cannot read (the
     child says why) leaves the largest count a valid bundle can declare."""
     try:
         batches = json.loads((Path(bundle) / "manifest.json").read_text(encoding="utf-8"))["batches"]
-        return 1 + len(batches) if isinstance(batches, list) else _MAX_PROGRESS
+        return 1 + passes * len(batches) if isinstance(batches, list) else _MAX_PROGRESS
     except (OSError, ValueError, KeyError, TypeError):
         return _MAX_PROGRESS
 

@@ -53,6 +53,17 @@ class Runner(ABC):
     def describe(self) -> str:
         return self.name
 
+    # Layer-wise parity (pe_export/layers): a runner that can read a file's intermediate tensors without changing
+    # what the file computes says so and implements ``tapped``.
+    exposes_intermediates: ClassVar[bool] = False
+
+    def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """After ``infer``: the file's intermediate tensors by name (``names``, or every float activation)."""
+        raise BadInputError(
+            f"runtime {self.name!r} cannot read a file's intermediate tensors; layer-wise parity runs on "
+            f"{', '.join(n for n, c in RUNNERS.items() if c.exposes_intermediates)}"
+        )
+
     @classmethod
     def arithmetic_precision(cls, options: dict[str, Any]) -> str | None:
         """The precision the runtime computes in when coarser than the file's (a GPU's float16), else None."""

@@ -25,9 +25,15 @@ class _TFLiteRunner(Runner):
     extra: str = ""
     current_kernels = True  # ships the converter's own op versions (ai-edge-litert, TensorFlow's interpreter)
 
-    def __init__(self, *args: Any, signature: str | None = None, **kwargs: Any) -> None:
+    exposes_intermediates = True
+
+    def __init__(self, *args: Any, signature: str | None = None, preserve_tensors: bool = False, **kwargs: Any) -> None:
+        """``preserve_tensors``: keep every intermediate tensor readable after ``infer`` (``tapped``). The
+        interpreter then runs its builtin kernels without the default XNNPACK delegate, whose fused partitions
+        keep no intermediate: the same ops in float32, not the same kernels."""
         super().__init__(*args, **kwargs)
         self.signature = signature
+        self.preserve_tensors = preserve_tensors
         self._interpreter: Any = None
         self._signature_runner: Any = None
         self._invoked = False
@@ -38,12 +44,17 @@ class _TFLiteRunner(Runner):
         except ImportError as err:
             raise missing_extra(self.package, self.extra) from err
 
+    def resolver_types(self) -> Any:
+        return importlib.import_module(self.module).OpResolverType
+
     def activate(self) -> None:
         interpreter_class = self.interpreter_class()
         try:
             # The interpreter announces its XNNPACK delegate on fd 2; keep reports clean.
             with capture_native_output():
-                self._interpreter = interpreter_class(model_path=str(self.model_path), num_threads=self.threads)
+                self._interpreter = interpreter_class(
+                    model_path=str(self.model_path), num_threads=self.threads, **self._tap_options()
+                )
             signatures = self._interpreter.get_signature_list()
         except ValueError as err:
             raise self._load_error(err) from err
@@ -99,6 +110,33 @@ class _TFLiteRunner(Runner):
             raise BadInputError(f"{self.name} rejected the inputs: {message}") from err
         return {name: np.array(value) for name, value in outputs.items()}
 
+    def _tap_options(self) -> dict[str, Any]:
+        if not self.preserve_tensors:
+            return {}
+        resolver = self.resolver_types()
+        return {
+            "experimental_preserve_all_tensors": True,
+            "experimental_op_resolver_type": resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+        }
+
+    def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        if not self.preserve_tensors or not self._invoked:
+            raise RuntimeError("tapped() needs a runner made with preserve_tensors=True, after infer()")
+        details = self._interpreter.get_tensor_details()
+        first: dict[str, dict[str, Any]] = {}  # a name the converter gave two tensors: the first one
+        for detail in details:
+            first.setdefault(detail["name"], detail)
+        wanted = names if names is not None else [d["name"] for d in first.values() if _is_activation(d)]
+        values = {}
+        for name in wanted:
+            detail = first.get(name)
+            if detail is not None:
+                try:
+                    values[name] = _real_value(detail, np.array(self._interpreter.get_tensor(detail["index"])))
+                except ValueError:  # a tensor the interpreter never allocated (a folded constant's)
+                    continue
+        return values
+
     def input_specs(self) -> list[TensorSpec]:
         return _specs(self._signature_runner.get_input_details())
 
@@ -111,6 +149,21 @@ class _TFLiteRunner(Runner):
     def deactivate(self) -> None:
         self._signature_runner = None
         self._interpreter = None
+
+
+def _real_value(detail: dict[str, Any], value: np.ndarray) -> np.ndarray:
+    """A quantized tensor as the real numbers it stands for, scale · (q − zero point); others as they are."""
+    scale, zero_point = detail.get("quantization", (0.0, 0))
+    if value.dtype.kind in "iu" and value.dtype.itemsize <= 2 and scale > 0:
+        return ((value.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
+    return value
+
+
+def _is_activation(detail: dict[str, Any]) -> bool:
+    """A float tensor computed per input (its shape signature has a batch-like first axis), not a weight."""
+    return (
+        np.dtype(detail["dtype"]).kind == "f" and len(detail["shape"]) >= 2 and "ReadVariableOp" not in detail["name"]
+    )
 
 
 def _specs(details: dict[str, Any]) -> list[TensorSpec]:
@@ -152,3 +205,8 @@ class TensorFlowLiteRunner(_TFLiteRunner):
         from pe_export.native import import_tensorflow
 
         return import_tensorflow().lite.Interpreter  # tf.lite is a lazy attribute, not an importable module
+
+    def resolver_types(self) -> Any:
+        from pe_export.native import import_tensorflow
+
+        return import_tensorflow().lite.experimental.OpResolverType

@@ -46,15 +46,20 @@ class OnnxRuntimeRunner(Runner):
         providers: tuple[str, ...] = DEFAULT_PROVIDERS,
         tf32: bool = False,
         serialized: bytes | None = None,
+        preserve_tensors: bool = False,
         **kwargs: Any,
     ) -> None:
         """``serialized``: the model's bytes, for a model that exists only in memory (the int8 search's
-        candidates); ``model_path`` then only names it."""
+        candidates); ``model_path`` then only names it. ``preserve_tensors``: every node's output is also a
+        graph output, read back by ``tapped`` (the same graph and kernels: onnxruntime only keeps the values)."""
         super().__init__(*args, **kwargs)
         self.providers = resolve_providers(providers)
         self.tf32 = tf32
         self.serialized = serialized
+        self.preserve_tensors = preserve_tensors
         self._session: Any = None
+        self._outputs: list[str] = []
+        self._last: dict[str, np.ndarray] = {}
 
     def activate(self) -> None:
         try:
@@ -77,9 +82,12 @@ class OnnxRuntimeRunner(Runner):
         options.log_severity_level = 3
         if self.threads:
             options.intra_op_num_threads = self.threads
+        model: str | bytes = str(self.model_path) if self.serialized is None else self.serialized
+        if self.preserve_tensors:
+            model = self._with_every_value_an_output()
         try:
             self._session = ort.InferenceSession(
-                str(self.model_path) if self.serialized is None else self.serialized,
+                model,
                 sess_options=options,
                 providers=session_providers(self.providers, self.tf32),
             )
@@ -93,16 +101,45 @@ class OnnxRuntimeRunner(Runner):
                 f"onnxruntime could not start provider(s) {', '.join(dropped)} (active: {', '.join(active)})"
             )
 
+    def _with_every_value_an_output(self) -> bytes:
+        """The model with each node's output listed as a graph output too (onnx package: the device extra)."""
+        try:
+            import onnx
+        except ImportError as err:
+            raise missing_extra("onnx", "device") from err
+        model = onnx.load_from_string(self.serialized) if self.serialized else onnx.load(str(self.model_path))
+        self._outputs = [output.name for output in model.graph.output]
+        listed = set(self._outputs) | {i.name for i in model.graph.input}
+        for node in model.graph.node:
+            for name in node.output:
+                if name and name not in listed:
+                    model.graph.output.append(onnx.ValueInfoProto(name=name))  # typed by onnxruntime
+                    listed.add(name)
+        return bytes(model.SerializeToString())
+
     def infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._session is None:
             raise RuntimeError("activate() the runner before infer()")
-        names = self.output_names()
+        names = [node.name for node in self._session.get_outputs()]
         try:
             values = self._session.run(names, feed)
         except Exception as err:
             first_line = one_line(err)
             raise BadInputError(f"onnxruntime rejected the inputs: {first_line}") from err
-        return dict(zip(names, values, strict=True))
+        produced = dict(zip(names, values, strict=True))
+        if not self.preserve_tensors:
+            return produced
+        self._last = produced
+        return {name: produced[name] for name in self.output_names()}
+
+    exposes_intermediates = True
+
+    def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        if not self.preserve_tensors or not self._last:
+            raise RuntimeError("tapped() needs a runner made with preserve_tensors=True, after infer()")
+        if names is None:
+            return {k: v for k, v in self._last.items() if v.dtype.kind == "f" and v.ndim >= 2}
+        return {name: self._last[name] for name in names if name in self._last}
 
     def input_specs(self) -> list[TensorSpec]:
         specs = []
@@ -112,6 +149,8 @@ class OnnxRuntimeRunner(Runner):
         return specs
 
     def output_names(self) -> list[str]:
+        if self.preserve_tensors:
+            return list(self._outputs)
         return [node.name for node in self._session.get_outputs()]
 
     def describe(self) -> str:
@@ -121,3 +160,4 @@ class OnnxRuntimeRunner(Runner):
 
     def deactivate(self) -> None:
         self._session = None
+        self._last = {}

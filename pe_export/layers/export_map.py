@@ -1,0 +1,72 @@
+"""At export: the layer map of the file, proven on its float32 form, stamped in it (TensorFlow side).
+
+The reference's activations at every layer boundary (``all``) are computed on the export's first check inputs;
+the float32 file of the same graph (the file itself, or for another precision one converted beside it) runs with
+its tensors kept, and each layer maps to the tensor that reproduces it (pe_export/layers/mapping.py). A quantized
+or float16 file takes that map over by tensor name.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pe_export.layers.mapping import LayerMap, carried_over, match_layers
+from pe_export.layers.select import ALL
+from pe_export.layers.tap import LayerTap
+
+RUNTIMES = {"tflite": "litert", "onnx": "onnxruntime"}
+
+
+def layer_map_for(job: Any, data: Any, file_format: str) -> tuple[LayerMap | None, str | None]:
+    """(the map, None) for the exported ``data``; (None, why) where it cannot be proven here."""
+    if not isinstance(data, bytes):
+        return None, "no layer map: a file past 2 GiB is not run with its tensors kept here"
+    feeds, _ = job.check_feeds()
+    feed = next(iter(feeds.values()))
+    tap = LayerTap(job.frozen, ALL)
+    reference = tap.activations(feed)
+    if not reference:
+        return None, "no layer map: the graph has no layer boundaries (name scopes that hand on one activation)"
+    graph_tensors = {layer.name: layer.tensor for layer in tap.layers}
+    float_data = data if job.options.precision == "fp32" else _float_file(job, file_format)
+    if not isinstance(float_data, bytes):
+        return None, "no layer map: its float32 file is past 2 GiB"
+    float_tensors = _tensors(float_data, file_format, feed, None)
+    float_map = match_layers(reference, graph_tensors, float_tensors)
+    if float_data is data:
+        return float_map, None
+    here = _tensors(data, file_format, feed, list(float_map.tensors.values()))
+    sizes = {name: value.size for name, value in here.items() if value.dtype.kind == "f"}  # real numbers only
+    return carried_over(float_map, sizes, {name: value.size for name, value in float_tensors.items()}), None
+
+
+def _float_file(job: Any, file_format: str) -> Any:
+    """The same graph converted at float32 (the tables as the export rebuilt them)."""
+    options = replace(job.options, quantize="none", keep_float=())
+    if file_format == "tflite":
+        from pe_export.converters.tflite import convert_tflite
+
+        return convert_tflite(job.loaded, job.frozen, options, prepared=job.rewritten)[0]
+    from pe_export.converters.onnx import convert_onnx
+
+    return convert_onnx(job.frozen, options, prepared=job.rewritten)[0]
+
+
+def _tensors(data: bytes, file_format: str, feed: dict[str, np.ndarray], names: list[str] | None) -> dict[str, Any]:
+    from pe_export.runners import create_runner
+
+    with tempfile.TemporaryDirectory(prefix="pe-export-layers-") as folder:
+        path = Path(folder) / f"model.{file_format}"
+        options: dict[str, Any] = {"preserve_tensors": True}
+        if file_format == "onnx":
+            options["serialized"] = data
+        else:
+            path.write_bytes(data)
+        with create_runner(RUNTIMES[file_format], path, **options) as runner:
+            runner.infer(feed)
+            return runner.tapped(names)
