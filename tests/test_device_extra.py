@@ -152,3 +152,29 @@ def test_device_extra_resolves_to_wheels(python: str, arch: str, tmp_path: Path)
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert {"ai-edge-litert", "onnxruntime", "onnx", "numpy", "click"} <= names
     assert not any(name.startswith(("tensorflow", "keras", "tf2onnx")) for name in names)
+
+
+def test_layer_parity_runs_without_tensorflow(device_venv: Path, saved_model, exported_file, tmp_path: Path) -> None:
+    """One of our own encoders: its faithful exports pass every layer on the device, TensorFlow-free."""
+    import json
+
+    bundle = tmp_path / "golden-layers"
+    make_golden(saved_model("encoder_dynamic"), bundle, GoldenOptions(samples=4, batch=2, layers="blocks"))
+    layers = [entry["name"] for entry in json.loads((bundle / "manifest.json").read_text())["layers"]]
+    assert len(layers) >= 3
+    for file_format in ("tflite", "onnx"):
+        report = tmp_path / f"{file_format}.json"
+        checked = _run(
+            device_venv / "bin" / "pe-export",
+            "parity",
+            exported_file("encoder_dynamic", file_format),
+            bundle,
+            "--layers",
+            "--json",
+            report,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        data = json.loads(report.read_text())
+        assert data["first_divergence"] is None and data["passed"]
+        assert {layer["name"] for layer in data["layers"]} | set(data["unmapped_layers"]) == set(layers)
+        assert len(data["layers"]) >= len(layers) - 1, data["unmapped_layers"]
