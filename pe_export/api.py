@@ -58,6 +58,7 @@ class ExportReport:
     # --allow-lossy: the file against the model with its compressed tables (lossy_reference.py), where the
     # parity against the model as it is failed: the loss accepted is the tables' alone
     against_lossy_tables: list[OutputMetrics] | None = None
+    layer_map: str | None = None  # what the stamped layer map covers, or why there is none (pe_export/layers)
 
     @property
     def lossy_tables(self) -> list[TableResult]:
@@ -224,7 +225,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
         ),
     )
-    layer_map = _layer_map_entries(job, data, notes)
+    layer_map = _layer_map_entries(job, data)
     if early is None or data is not early.data:  # the child's file has its metadata already
         data = embed_tflite_metadata(data, {**job.provenance, **layer_map}, signature_key=job.signature)
     elif layer_map:
@@ -234,8 +235,9 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     return _finish(job, data, summary, log, notes)
 
 
-def _layer_map_entries(job: _Job, data: Any, notes: list[str]) -> dict[str, str]:
-    """The layer map's metadata entry, where the export verifies and a runtime here runs the file."""
+def _layer_map_entries(job: _Job, data: Any) -> dict[str, str]:
+    """The layer map's metadata entry, where the export verifies and a runtime here runs the file (what it
+    covers, or why there is none, is kept on the job for the report)."""
     if not (job.options.layer_map and job.options.verify):
         return {}
     from pe_export.errors import PeExportError
@@ -245,13 +247,13 @@ def _layer_map_entries(job: _Job, data: Any, notes: list[str]) -> dict[str, str]
     try:
         layer_map, why = layer_map_for(job, data, job.file_format)
     except PeExportError as err:  # the file cannot run here (Flex ops, no runtime): verification says so too
-        notes.append(f"no layer map: {err}")
+        job.layer_map = f"none: {err}"
         return {}
     if layer_map is None:
-        notes.append(str(why))
+        job.layer_map = why
         return {}
     mapped, total = len(layer_map.tensors), len(layer_map.tensors) + len(layer_map.unmapped) + len(layer_map.fused)
-    notes.append(f"layer map: {mapped} of {total} layers carried by a tensor of the file (parity --layers reads it)")
+    job.layer_map = f"{mapped} of {total} layers carried by a tensor of the file (parity --layers reads it)"
     return {LAYER_MAP: layer_map.to_json()}
 
 
@@ -296,7 +298,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             job.frozen, options, quiet=quiet, prepared=prepared, judge=job.judge_feeds if options.verify else None
         ),
     )
-    layer_map = _layer_map_entries(job, data, notes)
+    layer_map = _layer_map_entries(job, data)
     model = import_onnx().load_from_string(data) if isinstance(data, bytes) else data
     embed_onnx_metadata(model, {**job.provenance, **layer_map})
     if is_inline(model):
@@ -345,6 +347,7 @@ class _Job:
     frozen: FrozenSignature  # the signature at the export's input specs
     prepared: PreparedGraph | None = None
     given: Path | None = None  # what the user passed, where a tokenizer.json is looked for
+    layer_map: str | None = None  # the report's line on the stamped layer map
 
     @property
     def specs(self) -> list[TensorSpec]:
@@ -562,6 +565,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
         converter_log=log,
         tables=job.prepared.results if job.prepared else [],
         notes=notes or [],
+        layer_map=job.layer_map,
     )
     inline = isinstance(data, bytes)
     with staged_file(job.output) if inline else staged_in_folder(job.output) as staged:

@@ -248,6 +248,8 @@ def _print_export(report: Any, verbose: bool) -> int:
     lines = [f"pe-export {report.file_format}: {report.source} → {report.output}"]
     lines += format_summary(report.summary)
     lines += [f"  note: {note}" for note in report.notes]
+    if report.layer_map:
+        lines.append(f"  layer map: {report.layer_map}")
     if report.tables:
         lines += format_tables(report.tables)
     if report.parity is not None:

@@ -1,8 +1,10 @@
 """Layer by layer: each mapped tensor of the file against the reference's activation (numpy only).
 
 Each layer is judged as an output is (pe_export/parity/metrics.py, the same tolerance, padding left out where
-the layer's axis 1 is the sequence), and its relative error ‖a − e‖ / ‖e‖ is set against the previous layer's:
-the growth says where the error enters rather than where it merely travels. The first layer over tolerance in
+the layer's axis 1 is the sequence), and its relative error ‖a − e‖ / ‖e‖ is set against the largest of the layers
+before it in graph order (the error that could have flowed in: graph order interleaves branches, so the layer just
+before may be a side branch such as an exact embedding lookup): the growth says where the error enters rather than
+where it merely travels. The first layer over tolerance in
 graph order is the divergence.
 """
 
@@ -46,7 +48,7 @@ class LayerComparison:
             metrics = accumulator.result()
             squared = accumulator.norm_actual + accumulator.norm_expected - 2 * accumulator.dot
             relative = math.sqrt(max(squared, 0.0)) / max(math.sqrt(accumulator.norm_expected), 1e-30)
-            # float32 rounding is the floor: growth over an exact layer (an embedding lookup) says nothing
+            # float32 rounding is the floor: growth over exact layers (embedding lookups) says nothing
             growth = None if previous is None else relative / max(previous, FLOAT32_EPSILON)
             results.append(
                 LayerMetrics(
@@ -67,5 +69,5 @@ class LayerComparison:
                     position_max_abs=metrics.position_max_abs,
                 )
             )
-            previous = relative
+            previous = relative if previous is None else max(previous, relative)
         return results

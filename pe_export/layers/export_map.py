@@ -25,17 +25,17 @@ RUNTIMES = {"tflite": "litert", "onnx": "onnxruntime"}
 def layer_map_for(job: Any, data: Any, file_format: str) -> tuple[LayerMap | None, str | None]:
     """(the map, None) for the exported ``data``; (None, why) where it cannot be proven here."""
     if not isinstance(data, bytes):
-        return None, "no layer map: a file past 2 GiB is not run with its tensors kept here"
+        return None, "none: a file past 2 GiB is not run with its tensors kept here"
     feeds, _ = job.check_feeds()
     feed = next(iter(feeds.values()))
     tap = LayerTap(job.frozen, ALL)
     reference = tap.activations(feed)
     if not reference:
-        return None, "no layer map: the graph has no layer boundaries (name scopes that hand on one activation)"
+        return None, "none: the graph has no layer boundaries (name scopes that hand on one activation)"
     graph_tensors = {layer.name: layer.tensor for layer in tap.layers}
     float_data = data if job.options.precision == "fp32" else _float_file(job, file_format)
     if not isinstance(float_data, bytes):
-        return None, "no layer map: its float32 file is past 2 GiB"
+        return None, "none: its float32 file is past 2 GiB"
     float_tensors = _tensors(float_data, file_format, feed, None)
     float_map = match_layers(reference, graph_tensors, float_tensors)
     if float_data is data:

@@ -75,7 +75,7 @@ class LayerMetrics:
     mean_abs: float
     cosine: float
     relative_error: float  # ‖a − e‖ / ‖e‖ over the compared elements
-    growth: float | None  # relative_error over the previous layer's (None for the first)
+    growth: float | None  # relative_error over the largest of the layers before it (None for the first)
     atol: float
     rtol: float
     min_cosine: float

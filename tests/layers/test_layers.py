@@ -4,7 +4,6 @@ export, and `parity --layers` naming the block a deliberately altered weight sit
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +31,7 @@ BLOCKS = [
 ]
 # Inside each block: the attention LayerNorm's output and both residual sums must be mapped in every faithful
 # export (the feed-forward LayerNorm's output is the block's own: the outermost scope names a tensor).
-MUST_MAP = [
-    f"transformer_layer_{i}/{part}" for i in (0, 1) for part in ("self_attention_layer_norm", "add", "add_1")
-]
+MUST_MAP = [f"transformer_layer_{i}/{part}" for i in (0, 1) for part in ("self_attention_layer_norm", "add", "add_1")]
 ALTERED = "transformer_layer_1/feedforward_output_dense"  # the kernel multiplied by 1.05 in the file
 
 
