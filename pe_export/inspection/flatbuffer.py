@@ -31,6 +31,10 @@ class Table:
             return None
         return self.position + self.field_offsets[index]
 
+    def field_position(self, index: int) -> int | None:
+        """Where a field's value is stored (None: absent, the default): for a writer that patches in place."""
+        return self._field(index)
+
     def scalar(self, index: int, fmt: str, default: int | float = 0) -> int | float:
         where = self._field(index)
         return default if where is None else _unpack(self.data, "<" + fmt, where)[0]

@@ -2,11 +2,15 @@
 
 The file's stamped layer map (pe_export/layers/mapping.py) says which tensor carries each layer; the runtime runs
 with its intermediate tensors kept (a second pass: the outputs were judged by the runtime as it normally runs)
-and each layer is judged by the output tolerance of the file's precision.
+and each layer is judged by the output tolerance of the file's precision. A runtime that keeps no intermediate
+without computing otherwise (LiteRT's GPU accelerator) runs the file cut at a layer instead (layers/cut.py: that
+layer's tensor its only output), bisecting the layers in graph order for the first over tolerance: one cut file
+per step, about log2(layers) of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,7 @@ def layers_checkable(model: Path, stamps: dict[str, str], bundle: Bundle, runtim
     """The file's layer map, once the file, the bundle and the runtime can all take part (before any work)."""
     if not bundle.layers:
         raise no_layers_in(bundle)
-    if not RUNNERS.get(runtime).exposes_intermediates:
+    if not RUNNERS.get(runtime).exposes_intermediates and not _cuts(model, runtime):
         capable = ", ".join(name for name, cls in RUNNERS.items() if cls.exposes_intermediates)
         raise BadInputError(
             f"--layers: runtime {runtime!r} cannot show a file's intermediate tensors without changing what it "
@@ -62,6 +66,8 @@ def check_layers(
     wanted = [spec.name for spec in bundle.layers]
     unmapped = {name: _why_unmapped(name, layer_map) for name in wanted if name not in layer_map.tensors}
     mapped = {name: layer_map.tensors[name] for name in wanted if name in layer_map.tensors}
+    if not RUNNERS.get(runtime).exposes_intermediates:
+        return _bisected(model, bundle, runtime, options, tolerance, mapped, unmapped, progress)
     runner = create_runner(runtime, model, **options, preserve_tensors=True)
     comparison = LayerComparison(mapped, tolerance, bundle.sequence_layers)
     with runner:
@@ -78,6 +84,63 @@ def check_layers(
             if progress:
                 progress()
     return LayerReport(comparison.result(), unmapped, KERNELS.get(runtime, runtime))
+
+
+def _cuts(model: Path, runtime: str) -> bool:
+    return model.suffix.lower() == ".tflite" and ".tflite" in RUNNERS.get(runtime).file_suffixes
+
+
+def _bisected(
+    model: Path,
+    bundle: Bundle,
+    runtime: str,
+    options: dict[str, Any],
+    tolerance: Tolerance,
+    mapped: dict[str, str],
+    unmapped: dict[str, str],
+    progress: Any,
+) -> LayerReport:
+    """The first layer over tolerance by bisection over cut files (a layer past a bad one is taken to be bad)."""
+    import tempfile
+
+    from pe_export.layers.compare import with_growth
+    from pe_export.layers.cut import cut_at
+
+    data, names, judged = model.read_bytes(), list(mapped), {}
+    sequence = bundle.sequence_layers
+    with tempfile.TemporaryDirectory(prefix="pe-export-cut-") as folder:
+
+        def judge(index: int) -> bool:
+            if index not in judged:
+                name = names[index]
+                path = Path(folder) / f"cut{index}.tflite"
+                path.write_bytes(cut_at(data, mapped[name]))
+                with create_runner(runtime, path, **options) as runner:
+                    output = runner.output_names()[0]
+                    comparison = LayerComparison({name: output}, tolerance, sequence & {name})
+                    for batch in bundle.batches():
+                        raise_if_interrupted()
+                        comparison.update(runner.infer(batch.inputs), batch.layers, batch.valid)
+                        if progress:
+                            progress()
+                (metrics,) = comparison.result()
+                judged[index] = replace(metrics, tensor=mapped[name])
+            return judged[index].ok
+
+        low, high = 0, len(names) - 1
+        if names and not judge(high):
+            while low < high:  # the first bad layer is in [low, high]; high is bad
+                middle = (low + high) // 2
+                if judge(middle):
+                    low = middle + 1
+                else:
+                    high = middle
+    checked = [judged[index] for index in sorted(judged)]
+    note = (
+        f"{runtime}: the file cut at a layer and run whole on the accelerator, bisected: {len(checked)} of "
+        f"{len(names)} layers run"
+    )
+    return LayerReport(with_growth(checked), unmapped, note)
 
 
 def no_layers_in(bundle: Bundle) -> BadInputError:

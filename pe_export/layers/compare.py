@@ -11,6 +11,7 @@ graph order is the divergence.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,13 +44,10 @@ class LayerComparison:
 
     def result(self) -> list[LayerMetrics]:
         results: list[LayerMetrics] = []
-        previous: float | None = None
         for name, accumulator in self._accumulators.items():
             metrics = accumulator.result()
             squared = accumulator.norm_actual + accumulator.norm_expected - 2 * accumulator.dot
             relative = math.sqrt(max(squared, 0.0)) / max(math.sqrt(accumulator.norm_expected), 1e-30)
-            # float32 rounding is the floor: growth over exact layers (embedding lookups) says nothing
-            growth = None if previous is None else relative / max(previous, FLOAT32_EPSILON)
             results.append(
                 LayerMetrics(
                     name=name,
@@ -58,7 +56,7 @@ class LayerComparison:
                     mean_abs=metrics.mean_abs,
                     cosine=metrics.cosine,
                     relative_error=relative,
-                    growth=growth,
+                    growth=None,
                     atol=self.tolerance.atol,
                     rtol=self.tolerance.rtol,
                     min_cosine=self.tolerance.min_cosine,
@@ -69,5 +67,16 @@ class LayerComparison:
                     position_max_abs=metrics.position_max_abs,
                 )
             )
-            previous = relative if previous is None else max(previous, relative)
-        return results
+        return with_growth(results)
+
+
+def with_growth(layers: list[LayerMetrics]) -> list[LayerMetrics]:
+    """Each layer's growth: its relative error over the largest of the layers before it in the list."""
+    grown: list[LayerMetrics] = []
+    previous: float | None = None
+    for layer in layers:
+        # float32 rounding is the floor: growth over exact layers (embedding lookups) says nothing
+        growth = None if previous is None else layer.relative_error / max(previous, FLOAT32_EPSILON)
+        grown.append(replace(layer, growth=growth))
+        previous = layer.relative_error if previous is None else max(previous, layer.relative_error)
+    return grown

@@ -10,7 +10,9 @@ product) are layers too. Names are hints for people; the graph tensor each layer
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pe_export.errors import BadInputError
@@ -69,16 +71,18 @@ def check_selection(selection: str) -> str:
     return selection
 
 
-def find_layers(graph: Any, selection: str = ALL) -> list[LayerSpec]:
-    """The layers of an imported frozen ``graph`` (a tf.Graph), in graph order, as ``selection`` picks them."""
+def find_layers(graph: Any, selection: str = ALL, batch: int | None = None) -> list[LayerSpec]:
+    """The layers of an imported frozen ``graph`` (a tf.Graph), in graph order, as ``selection`` picks them;
+    ``batch``: the inputs' fixed batch size (None: dynamic), which an activation's first axis carries."""
     selection = check_selection(selection)
     operations = [op for op in graph.get_operations() if not op.name.startswith("Func/")]
     paths = {op.name: _scopes(op.name) for op in operations}
     root = _common_root([paths[op.name] for op in operations if op.type not in _MOVEMENT_OPS])
     inner = {name: path[len(root) :] for name, path in paths.items() if path[: len(root)] == root}
-    candidates = _scope_outputs(operations, inner)  # tensor → (layer path, an op's own?, tensor)
+    activation = partial(_is_activation, batch=batch)
+    candidates = _scope_outputs(operations, inner, activation)  # tensor → (layer path, an op's own?, tensor)
     if selection != BLOCKS:
-        candidates.update(_composite_ops(operations, inner, candidates))
+        candidates.update(_composite_ops(operations, inner, candidates, activation))
     named = _readable({tensor: (path, op) for tensor, (path, op, _) in candidates.items()})
     layers = [
         LayerSpec(named[key], key, tuple(tensor.shape.as_list()), tensor.dtype.name)
@@ -92,7 +96,9 @@ def find_layers(graph: Any, selection: str = ALL) -> list[LayerSpec]:
 _Candidates = dict[str, tuple[tuple[str, ...], bool, Any]]
 
 
-def _scope_outputs(operations: list[Any], inner: dict[str, tuple[str, ...]]) -> _Candidates:
+def _scope_outputs(
+    operations: list[Any], inner: dict[str, tuple[str, ...]], is_activation: Callable[[Any], bool]
+) -> _Candidates:
     """Each scope that hands exactly one activation out of itself, named by the outermost such scope."""
     scopes: dict[tuple[str, ...], list[Any]] = {}
     for op in operations:
@@ -106,14 +112,19 @@ def _scope_outputs(operations: list[Any], inner: dict[str, tuple[str, ...]]) -> 
             tensor
             for op in ops
             for tensor in op.outputs
-            if _is_activation(tensor) and any(consumer.name not in members for consumer in tensor.consumers())
+            if is_activation(tensor) and any(consumer.name not in members for consumer in tensor.consumers())
         ]
         if len(leaving) == 1 and (leaving[0].name not in candidates or len(path) < len(candidates[leaving[0].name][0])):
             candidates[leaving[0].name] = (path, False, leaving[0])
     return candidates
 
 
-def _composite_ops(operations: list[Any], inner: dict[str, tuple[str, ...]], layers: _Candidates) -> _Candidates:
+def _composite_ops(
+    operations: list[Any],
+    inner: dict[str, tuple[str, ...]],
+    layers: _Candidates,
+    is_activation: Callable[[Any], bool],
+) -> _Candidates:
     """The compute ops directly inside a layer made of layers: a block's residual sums, attention's products."""
     layer_scopes = {path for path, _, _ in layers.values()}
     composite = {path[:-1] for path in layer_scopes if len(path) > 1} & layer_scopes
@@ -122,7 +133,7 @@ def _composite_ops(operations: list[Any], inner: dict[str, tuple[str, ...]], lay
         path = inner.get(op.name, ())
         if len(path) >= 2 and op.type not in _MOVEMENT_OPS and path[:-1] in composite:
             for tensor in op.outputs:
-                if _is_activation(tensor) and tensor.name not in layers:
+                if is_activation(tensor) and tensor.name not in layers:
                     found[tensor.name] = (path, True, tensor)
     return found
 
@@ -148,14 +159,14 @@ def _common_root(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
     return root
 
 
-def _is_activation(tensor: Any) -> bool:
-    """A float tensor with a batch axis (dynamic first dimension) and more: what a layer hands on."""
+def _is_activation(tensor: Any, batch: int | None) -> bool:
+    """A float tensor with the inputs' batch axis first and more: what a layer hands on."""
     shape = tensor.shape
     return (
         tensor.dtype.name in _FLOAT
         and shape.rank is not None
         and shape.rank >= 2
-        and shape.as_list()[0] is None
+        and shape.as_list()[0] == batch
         and tensor.op.type not in ("Const", "Placeholder")
     )
 

@@ -2,12 +2,10 @@
 
 The frozen graph is the signature's own computation (calls inlined, weights as stand-ins: pe_export/weights.py);
 its layer tensors are fetched beside nothing else, with every stand-in fed its variable's value, so no weight is
-copied into a graph to tap it.
+written into a graph to tap it.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -24,28 +22,25 @@ class LayerTap:
 
         tf = import_tensorflow()
         graph_def, inputs, _ = frozen.graph()
-        graph_def = without_custom_gradients(graph_def)
-
-        def load() -> None:
-            tf.compat.v1.import_graph_def(graph_def, name="")
-
-        wrapped = tf.compat.v1.wrap_function(load, [])
-        graph = wrapped.graph
-        self.layers: list[LayerSpec] = find_layers(graph, selection)
-        self._input_names = list(inputs.values())
-        self._weights = frozen.weights.variables
-        feeds = [graph.get_tensor_by_name(tensor) for tensor in inputs]
-        feeds += [graph.get_tensor_by_name(f"{name}:0") for name in self._weights]
-        fetches = {layer.name: graph.get_tensor_by_name(layer.tensor) for layer in self.layers}
-        self._function: Any = wrapped.prune(feeds, fetches) if fetches else None
+        # A graph-mode session over the imported graph: a pruned tf.function of it took 0.5 s to build on a tiny
+        # encoder, this 0.05 s; each stand-in is fed its variable's value when the graph runs.
+        with tf.Graph().as_default() as graph:
+            tf.compat.v1.import_graph_def(without_custom_gradients(graph_def), name="")
+        batches = {spec.shape[0] for spec in frozen.specs if spec.shape}
+        self.layers: list[LayerSpec] = find_layers(graph, selection, batches.pop() if len(batches) == 1 else None)
+        self._graph = graph
+        self._inputs = {name: graph.get_tensor_by_name(tensor) for tensor, name in inputs.items()}
+        self._weights = {graph.get_tensor_by_name(f"{name}:0"): v for name, v in frozen.weights.variables.items()}
+        self._fetches = {layer.name: graph.get_tensor_by_name(layer.tensor) for layer in self.layers}
 
     def activations(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._function is None:
+        if not self._fetches:
             return {}
         tf = import_tensorflow()
-        args = [tf.constant(feed[name]) for name in self._input_names]
-        args += [variable.value() for variable in self._weights.values()]
+        feeds = {tensor: feed[name] for name, tensor in self._inputs.items()}
+        feeds.update({tensor: variable.numpy() for tensor, variable in self._weights.items()})
+        with tf.compat.v1.Session(graph=self._graph) as session:
+            values = session.run(self._fetches, feed_dict=feeds)
         rows = next(iter(feed.values())).shape[0]
-        values = {name: np.asarray(value) for name, value in self._function(*args).items()}
         # A dynamic first axis that is not the batch (a dense layer's [batch·seq, d] product) is no layer output.
         return {name: value for name, value in values.items() if value.ndim and value.shape[0] == rows}

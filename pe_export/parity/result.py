@@ -121,6 +121,12 @@ class LayerReport:
         )
 
 
+def bisection_steps(layers: int) -> int:
+    """How many cut files `parity --layers` runs at most where the runtime keeps no intermediate (the last layer
+    first, then halving: pe_export/layers/check.py); the supervising process allows a heartbeat per batch of each."""
+    return 1 + max(layers, 1).bit_length()
+
+
 @dataclass(frozen=True)
 class ParityOptions:
     runtime: str | None = None  # default: the first installed runtime for the file

@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 from pe_export.errors import ExitCode, PeExportError, RuntimeUnavailableError
 from pe_export.interrupts import raise_if_interrupted
-from pe_export.parity.result import ParityOptions, ParityReport
+from pe_export.parity.result import ParityOptions, ParityReport, bisection_steps
 
 # The command that starts the child Python, when sys.executable cannot be exec'd directly (an
 # emulated interpreter behind a launcher script, say). Split on whitespace.
@@ -56,8 +56,7 @@ def check_in_child(model: Path, bundle: Path, options: ParityOptions) -> ParityR
             process: _Process = _Forked.start(request, stderr)
         else:
             process = _spawn(python or [sys.executable], request, stderr)
-        passes = 2 if options.layers else 1  # --layers runs the batches again with the tensors kept
-        watch = _Watch(process, stderr, model, options.timeout_s, _progress_limit(bundle, passes))
+        watch = _Watch(process, stderr, model, options.timeout_s, _progress_limit(bundle, options.layers))
         try:
             return watch.report()
         finally:
@@ -91,13 +90,17 @@ def _os_threads() -> int | None:
         return None
 
 
-def _progress_limit(bundle: Path, passes: int = 1) -> int:
+def _progress_limit(bundle: Path, layers: bool = False) -> int:
     """How many heartbeats a check of ``bundle`` sends at most: one when the runtime has loaded, one per batch
-    and pass.
+    and pass (``layers``: the pass with the tensors kept, or a bisection's cut files: layers/check.py).
     Each waits at most --timeout, so the whole run is bounded too. A manifest this process cannot read (the
     child says why) leaves the largest count a valid bundle can declare."""
     try:
-        batches = json.loads((Path(bundle) / "manifest.json").read_text(encoding="utf-8"))["batches"]
+        manifest = json.loads((Path(bundle) / "manifest.json").read_text(encoding="utf-8"))
+        batches = manifest["batches"]
+        passes = 1
+        if layers:
+            passes += max(1, bisection_steps(len(manifest.get("layers") or [])))
         return 1 + passes * len(batches) if isinstance(batches, list) else _MAX_PROGRESS
     except (OSError, ValueError, KeyError, TypeError):
         return _MAX_PROGRESS

@@ -49,6 +49,8 @@ def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     export_tflite(root / "encoder", files["dynamic"], ExportOptions(verify=False))
     make_golden(root / "encoder", root / "golden", GoldenOptions(batch=1, seq_len=SEQ_LEN))
     files["golden"] = root / "golden"
+    make_golden(root / "encoder", root / "layers", GoldenOptions(batch=1, seq_len=SEQ_LEN, samples=8, layers="all"))
+    files["layers"] = root / "layers"
     return files
 
 
@@ -98,6 +100,41 @@ def test_default_gpu_arithmetic_is_fp16_and_judged_by_the_fp16_tolerance(vulkan_
     tolerance = report["tolerances"]["logits"]
     within = logits["violations"] == 0 and logits["cosine"] >= tolerance["min_cosine"]
     assert (code == ExitCode.OK) == within and report["passed"] == within
+
+
+def test_layers_on_the_gpu_are_bisected_over_cut_files(vulkan_env, fixed_demo, tmp_path) -> None:
+    """The accelerator keeps no intermediate: the file cut at a layer runs whole on it, bisecting for the first
+    layer over tolerance. fp32 arithmetic: the last layer passes, one cut file answers for all."""
+    layers = json.loads((fixed_demo["layers"] / "manifest.json").read_text())["layers"]
+    code, report = gpu_parity(
+        vulkan_env,
+        fixed_demo["none"],
+        fixed_demo["layers"],
+        tmp_path,
+        "--gpu-precision",
+        "fp32",
+        "--cpu-fallback",
+        "--layers",
+    )
+    assert code == ExitCode.OK and report["first_divergence"] is None, report["layers"]
+    assert "bisected: 1 of" in report["kernels"] and len(report["layers"]) == 1
+    assert report["layers"][0]["relative_error"] < 1e-5  # the GPU's fp32 arithmetic, read through the cut
+    # fp16 arithmetic (the default): a layer over the fp16 tolerance is named, and the bisection ran only
+    # about log2(layers) cut files; the layers it ran before the named one are within tolerance.
+    code, report = gpu_parity(
+        vulkan_env, fixed_demo["none"], fixed_demo["layers"], tmp_path, "--cpu-fallback", "--layers"
+    )
+    checked = report["layers"]
+    assert len(checked) <= 1 + len(layers).bit_length() and report["precision"] == "fp16"
+    assert all(layer["relative_error"] > 1e-5 for layer in checked)  # really half precision, layer by layer
+    first = report["first_divergence"]
+    if first is not None:
+        names = [entry["name"] for entry in layers]
+        named = next(layer for layer in checked if layer["name"] == first)
+        assert not named["ok"] and code == ExitCode.PARITY_FAILED
+        assert all(layer["ok"] for layer in checked if names.index(layer["name"]) < names.index(first))
+    else:
+        assert all(layer["ok"] for layer in checked)
 
 
 def test_the_failure_line_names_the_gpu_precision(vulkan_env, fixed_demo) -> None:
