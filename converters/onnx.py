@@ -55,6 +55,7 @@ def convert_onnx(
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
+    float_out: list[bytes] | None = None,
 ) -> tuple[Any, str, list[str]]:
     """Convert one signature at its input specs. Returns (serialized model, captured log, notes); a model
     past 2 GiB comes as the ModelProto instead of bytes (checked before its weights are bound, and loaded by
@@ -62,7 +63,8 @@ def convert_onnx(
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     ``judge`` gives the inputs (and valid masks) that dynamic int8 must meet the export's tolerance on,
-    against the float model; without it every quantizable node is quantized.
+    against the float model; without it every quantizable node is quantized. ``float_out`` receives the float32
+    model's bytes where another precision is asked (the layer map is proven on it: pe_export/layers).
     """
     tf2onnx = _import_tf2onnx()
     if prepared is None:
@@ -102,6 +104,8 @@ def convert_onnx(
             f"{folding.shapes_folded} Shape op(s) of constants folded; {folding.initializers_dropped} constant(s) "
             f"that tf2onnx kept only for their shape dropped ({folding.bytes_dropped:,} B)"
         )
+    if float_out is not None and options.quantize != "none" and not large:
+        float_out.append(model.SerializeToString())
     model = _quantized(model, options, judge, notes)
     tables = len(prepared.replacements) if prepared is not None else 0
     rebuilt = tables > 0 and rebuild_tables_at_load(model, RUN_TIME_ZERO) > 0

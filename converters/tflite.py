@@ -41,6 +41,7 @@ def convert_tflite(
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
     preconverted: tuple[bytes, str, bytes | None] | None = None,
+    float_out: list[bytes] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
@@ -53,6 +54,8 @@ def convert_tflite(
     slices, FlexAbs/FlexSign for int64 position arithmetic), the graph is rewritten and converted
     again; the notes say so. ``judge`` gives the inputs (and valid masks) that dynamic-range int8 must
     meet the export's tolerance on, against the float32 file; without it the converter's file is kept.
+    ``float_out`` receives the float32 file where one was made on the way (dynamic-int8's search): the layer
+    map is proven on it (pe_export/layers).
     """
     source = _GraphSource(loaded, frozen, prepared)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
@@ -72,6 +75,8 @@ def convert_tflite(
                     allow_flex=not options.builtins_only,
                     graph=graph,
                 )
+            if float_out is not None:
+                float_out.append(float_file)
             outcome = int8_to_target(
                 data, float_file, feeds, masks, options.tolerance, sequence, keep=options.keep_float
             )

@@ -194,6 +194,8 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     if early is not None and early.signature != job.signature:
         early = None  # its provenance names another signature than the one this export resolved
 
+    float_files: list[bytes] = []  # the float32 file the conversion made on the way, if any (for the layer map)
+
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
             feeds, valid = job.parts.choice
@@ -223,9 +225,10 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             prepared=prepared,
             judge=job.judge_feeds if options.verify else None,
             preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
+            float_out=float_files,
         ),
     )
-    layer_map = _layer_map_entries(job, data)
+    layer_map = _layer_map_entries(job, data, float_files[0] if len(float_files) == 1 else None)  # one conversion
     if early is None or data is not early.data:  # the child's file has its metadata already
         data = embed_tflite_metadata(data, {**job.provenance, **layer_map}, signature_key=job.signature)
     elif layer_map:
@@ -235,7 +238,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     return _finish(job, data, summary, log, notes)
 
 
-def _layer_map_entries(job: _Job, data: Any) -> dict[str, str]:
+def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) -> dict[str, str]:
     """The layer map's metadata entry, where the export verifies and a runtime here runs the file (what it
     covers, or why there is none, is kept on the job for the report)."""
     if not (job.options.layer_map and job.options.verify):
@@ -245,7 +248,7 @@ def _layer_map_entries(job: _Job, data: Any) -> dict[str, str]:
     from pe_export.layers.mapping import LAYER_MAP
 
     try:
-        layer_map, why = layer_map_for(job, data, job.file_format)
+        layer_map, why = layer_map_for(job, data, job.file_format, float_file)
     except PeExportError as err:  # the file cannot run here (Flex ops, no runtime): verification says so too
         job.layer_map = f"none: {err}"
         return {}
@@ -291,14 +294,20 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", source, Path(output), options)
+    float_files: list[bytes] = []  # the float32 model before quantization (for the layer map)
 
     data, log, notes = _no_larger_than_plain(
         job,
         lambda prepared: convert_onnx(
-            job.frozen, options, quiet=quiet, prepared=prepared, judge=job.judge_feeds if options.verify else None
+            job.frozen,
+            options,
+            quiet=quiet,
+            prepared=prepared,
+            judge=job.judge_feeds if options.verify else None,
+            float_out=float_files if options.layer_map and options.verify else None,
         ),
     )
-    layer_map = _layer_map_entries(job, data)
+    layer_map = _layer_map_entries(job, data, float_files[0] if len(float_files) == 1 else None)  # one conversion
     model = import_onnx().load_from_string(data) if isinstance(data, bytes) else data
     embed_onnx_metadata(model, {**job.provenance, **layer_map})
     if is_inline(model):

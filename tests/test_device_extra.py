@@ -154,34 +154,51 @@ def test_device_extra_resolves_to_wheels(python: str, arch: str, tmp_path: Path)
     assert not any(name.startswith(("tensorflow", "keras", "tf2onnx")) for name in names)
 
 
-def test_layer_parity_runs_without_tensorflow(device_venv: Path, saved_model, tmp_path: Path) -> None:
-    """One of our own encoders: its faithful exports pass every layer on the device, TensorFlow-free."""
-    import json
-
+@pytest.fixture(scope="module")
+def altered_bert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A keras-hub BERT's faithful exports, copies with block 1's feed-forward kernel scaled, and its layers bundle."""
     from pe_export.api import export_onnx, export_tflite
     from pe_export.converters.options import ExportOptions
+    from tests.fixtures.keras_hub_models import export_random_bert
+    from tests.layers.test_layers import SEQ_LEN, altered_copy
 
-    files = {  # verified exports: the layer map is proven by running the file (unverified ones carry none)
-        "tflite": export_tflite(saved_model("encoder_dynamic"), tmp_path / "m.tflite", ExportOptions()).output,
-        "onnx": export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions()).output,
-    }
-    bundle = tmp_path / "golden-layers"
-    make_golden(saved_model("encoder_dynamic"), bundle, GoldenOptions(samples=4, batch=2, layers="blocks"))
-    layers = [entry["name"] for entry in json.loads((bundle / "manifest.json").read_text())["layers"]]
-    assert len(layers) >= 3
+    root = tmp_path_factory.mktemp("altered")
+    saved = export_random_bert(root / "bert")
+    files: dict[str, Path] = {}
+    for file_format, export in (("tflite", export_tflite), ("onnx", export_onnx)):
+        faithful = export(saved, root / f"bert.{file_format}", ExportOptions(seq_len=SEQ_LEN)).output
+        files[f"faithful.{file_format}"] = faithful
+        files[f"altered.{file_format}"] = altered_copy(faithful, root / f"altered.{file_format}")
+    make_golden(saved, root / "golden", GoldenOptions(samples=4, batch=2, seq_len=SEQ_LEN, layers="all"))
+    return {**files, "golden": root / "golden"}
+
+
+def test_layer_parity_runs_without_tensorflow(altered_bert, tmp_path: Path) -> None:
+    """Faithful exports pass every layer and block 1's scaled kernel is named, in the TF-free device venv (this
+    interpreter's: the layer code is the same numpy-only device code the 3.10 venv runs above)."""
+    import json
+
+    from tests.layers.test_layers import ALTERED
+
+    venv = cached_venv("device-venv", [f"{REPO}[device]"])
     for file_format in ("tflite", "onnx"):
-        report = tmp_path / f"{file_format}.json"
-        checked = _run(
-            device_venv / "bin" / "pe-export",
-            "parity",
-            files[file_format],
-            bundle,
-            "--layers",
-            "--json",
-            report,
-        )
-        assert checked.returncode == 0, checked.stdout + checked.stderr
-        data = json.loads(report.read_text())
-        assert data["first_divergence"] is None and data["passed"]
-        assert {layer["name"] for layer in data["layers"]} | set(data["unmapped_layers"]) == set(layers)
-        assert len(data["layers"]) >= len(layers) - 1, data["unmapped_layers"]
+        for kind, code in (("faithful", 0), ("altered", 1)):
+            report = tmp_path / f"{kind}.{file_format}.json"
+            checked = _run(
+                venv / "bin" / "pe-export",
+                "parity",
+                altered_bert[f"{kind}.{file_format}"],
+                altered_bert["golden"],
+                "--layers",
+                "--json",
+                report,
+            )
+            assert checked.returncode == code, checked.stdout + checked.stderr
+            data = json.loads(report.read_text())
+            names = [layer["name"] for layer in data["layers"]]
+            if kind == "faithful":
+                assert data["first_divergence"] is None and data["passed"] and len(names) >= 40
+                continue
+            assert data["first_divergence"] == ALTERED
+            assert all(layer["ok"] for layer in data["layers"][: names.index(ALTERED)])
+            assert f"first layer over tolerance: {ALTERED!r}" in checked.stderr

@@ -25,8 +25,11 @@ RUNTIMES = {"tflite": "litert", "onnx": "onnxruntime"}
 MAP_POSITIONS = 32
 
 
-def layer_map_for(job: Any, data: Any, file_format: str) -> tuple[LayerMap | None, str | None]:
-    """(the map, None) for the exported ``data``; (None, why) where it cannot be proven here."""
+def layer_map_for(
+    job: Any, data: Any, file_format: str, float_file: bytes | None = None
+) -> tuple[LayerMap | None, str | None]:
+    """(the map, None) for the exported ``data``; (None, why) where it cannot be proven here. ``float_file``: the
+    float32 file of the same graph the conversion made on the way (else one is converted here)."""
     if not isinstance(data, bytes):
         return None, "none: a file past 2 GiB is not run with its tensors kept here"
     feeds, _ = job.check_feeds()
@@ -36,7 +39,7 @@ def layer_map_for(job: Any, data: Any, file_format: str) -> tuple[LayerMap | Non
     if not reference:
         return None, "none: the graph has no layer boundaries (name scopes that hand on one activation)"
     graph_tensors = {layer.name: layer.tensor for layer in tap.layers}
-    float_data = data if job.options.precision == "fp32" else _float_file(job, file_format)
+    float_data = data if job.options.precision == "fp32" else float_file or _float_file(job, file_format)
     if not isinstance(float_data, bytes):
         return None, "none: its float32 file is past 2 GiB"
     float_tensors = _tensors(float_data, file_format, feed, None)

@@ -97,6 +97,16 @@ def test_a_faithful_export_passes_every_layer(bert: dict[str, Path], file_format
     assert set(compared) | set(report.layers.unmapped) == {entry["name"] for entry in manifest["layers"]}
 
 
+@pytest.mark.parametrize("file_format", ["tflite", "onnx"])
+def test_our_own_encoder_passes_every_layer(saved_model, file_format: str, tmp_path: Path) -> None:
+    export = export_tflite if file_format == "tflite" else export_onnx
+    path = export(saved_model("encoder_dynamic"), tmp_path / f"m.{file_format}", ExportOptions()).output
+    make_golden(saved_model("encoder_dynamic"), tmp_path / "golden", GoldenOptions(samples=4, batch=2, layers="blocks"))
+    report = layer_check(path, tmp_path / "golden")
+    assert report.passed and report.layers is not None and len(report.layers.layers) >= 3
+    assert report.layers.first_divergence is None
+
+
 def altered_copy(model: Path, target: Path) -> Path:
     """``model`` with the feed-forward output kernel of block 1 multiplied by 1.05 (its metadata kept)."""
     needle = "transformer_layer_1_1/feedforward_output_dense_1/"

@@ -49,7 +49,7 @@ def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     export_tflite(root / "encoder", files["dynamic"], ExportOptions(verify=False))
     make_golden(root / "encoder", root / "golden", GoldenOptions(batch=1, seq_len=SEQ_LEN))
     files["golden"] = root / "golden"
-    make_golden(root / "encoder", root / "layers", GoldenOptions(batch=1, seq_len=SEQ_LEN, samples=8, layers="all"))
+    make_golden(root / "encoder", root / "layers", GoldenOptions(batch=1, seq_len=SEQ_LEN, samples=4, layers="all"))
     files["layers"] = root / "layers"
     return files
 
