@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pe_export.fileio import atomic_write_bytes, publish, staged_file
+from pe_export.fileio import atomic_write_bytes
 from pe_export.parity.result import LayerReport, ParityReport
 
 NAME_WIDTH = 56
@@ -52,16 +52,10 @@ def write_model_explorer(report: ParityReport, path: Path, *, overwrite: bool = 
 
 def write_layer_plot(report: ParityReport, path: Path, *, overwrite: bool = True) -> None:
     """Relative error by layer (log scale, over tolerance in red) and, for the sequence layers, layer × position."""
-    from pe_export.errors import missing_extra
+    from pe_export.parity.plot import pyplot, save_png
 
     assert report.layers is not None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise missing_extra("matplotlib", "plot") from err
+    plt = pyplot()
     layers = report.layers.layers
     profiles = [layer for layer in layers if layer.position_max_abs]
     rows = 2 if profiles else 1
@@ -84,10 +78,4 @@ def write_layer_plot(report: ParityReport, path: Path, *, overwrite: bool = True
         axes[1][0].set_xlabel("sequence position (padding excluded)")
         axes[1][0].set_ylabel("sequence layers, graph order")
         figure.colorbar(image, ax=axes[1][0], label="log10 max abs error")
-    figure.tight_layout()
-    try:
-        with staged_file(Path(path)) as temp:
-            figure.savefig(temp, dpi=110, format="png")
-            publish(temp, Path(path), overwrite=overwrite)
-    finally:
-        plt.close(figure)
+    save_png(figure, path, overwrite=overwrite)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pe_export.errors import BadInputError, missing_extra
 from pe_export.fileio import check_output_path, publish, staged_file
@@ -21,8 +22,8 @@ def check_plot_output(path: Path, *, overwrite: bool) -> None:
     check_output_path(path, overwrite=overwrite, suffix=".png", flag="--plot")
 
 
-def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path, *, overwrite: bool = True) -> None:
-    """One line per (variant, output) with a position profile; written atomically."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend; the extra named where it is missing."""
     try:
         import matplotlib
 
@@ -30,7 +31,25 @@ def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path, *, o
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise missing_extra("matplotlib", "plot") from err
-    figure, axis = plt.subplots(figsize=(10, 4.5))
+    return plt
+
+
+def save_png(figure: Any, path: Path, *, overwrite: bool) -> None:
+    """The figure as a PNG at ``path``, staged and renamed (never half-written), then closed."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    try:
+        with staged_file(Path(path)) as temp:
+            figure.savefig(temp, dpi=110, format="png")
+            publish(temp, Path(path), overwrite=overwrite)
+    finally:
+        plt.close(figure)
+
+
+def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path, *, overwrite: bool = True) -> None:
+    """One line per (variant, output) with a position profile; written atomically."""
+    figure, axis = pyplot().subplots(figsize=(10, 4.5))
     for label, report in reports:
         for metrics in report.outputs:
             if metrics.position_max_abs:
@@ -42,10 +61,4 @@ def write_profile_plot(reports: list[tuple[str, ParityReport]], path: Path, *, o
     axis.set_title("pe-export parity: error by position")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    figure.tight_layout()
-    try:
-        with staged_file(Path(path)) as temp:
-            figure.savefig(temp, dpi=110, format="png")
-            publish(temp, Path(path), overwrite=overwrite)
-    finally:
-        plt.close(figure)
+    save_png(figure, path, overwrite=overwrite)
