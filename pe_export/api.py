@@ -28,7 +28,12 @@ from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.result import ParityReport
 from pe_export.parity.tolerances import tolerance_for
-from pe_export.provenance import embed_onnx_metadata, embed_tflite_metadata, provenance_entries
+from pe_export.provenance import (
+    append_tflite_metadata,
+    embed_onnx_metadata,
+    embed_tflite_metadata,
+    provenance_entries,
+)
 from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_runner
 from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape
 
@@ -231,8 +236,8 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     layer_map = _layer_map_entries(job, data, float_files[0] if len(float_files) == 1 else None)  # one conversion
     if early is None or data is not early.data:  # the child's file has its metadata already
         data = embed_tflite_metadata(data, {**job.provenance, **layer_map}, signature_key=job.signature)
-    elif layer_map:
-        data = embed_tflite_metadata(data, layer_map)
+    elif layer_map:  # the child stamped the rest: the map is added without re-packing the file
+        data = append_tflite_metadata(data, layer_map) or embed_tflite_metadata(data, layer_map)
     early = None  # its bytes are not held past the embedding
     summary = summarize_tflite_bytes(data, Path(output))
     return _finish(job, data, summary, log, notes)

@@ -48,3 +48,32 @@ def test_entries_stamped_into_the_offset_layout(saved_model, tmp_path: Path) -> 
         sum(c.nbytes for c in summarize_tflite_bytes(d, tmp_path / "x.tflite").constants) for d in (plain, stamped)
     ]
     assert sizes[0] == sizes[1] > 0
+
+
+def test_entries_appended_without_a_re_pack(saved_model, tmp_path: Path) -> None:
+    """append_tflite_metadata (the layer map added to a file the child stamped): a new root before the old bytes;
+    the entries read back, the old ones stay (a same-named one replaced), the file computes the same; the offset
+    layout (absolute buffer offsets a prefix would shift) is left to the re-pack."""
+    from pe_export.provenance import append_tflite_metadata
+
+    model = saved_model("encoder_dynamic")
+    plain = embed_tflite_metadata(_converted(model, False), {"pe_export.check": "old", "pe_export.kept": "kept"})
+    appended = append_tflite_metadata(plain, {"pe_export.check": "new", "pe_export.added": "x" * 100_000})
+    assert appended is not None and appended[4:8] == b"TFL3"
+    paths = {name: tmp_path / f"{name}.tflite" for name in ("plain", "appended")}
+    paths["plain"].write_bytes(plain)
+    paths["appended"].write_bytes(appended)
+    entries = tflite_metadata(paths["appended"])
+    assert entries["pe_export.check"] == "new" and entries["pe_export.kept"] == "kept"
+    assert entries["pe_export.added"] == "<100000 bytes>"  # large entries are listed by size, as before
+    before, after = tflite_metadata(paths["plain"]), entries
+    assert {k: v for k, v in before.items() if k != "pe_export.check"}.items() <= after.items()
+    summary, original = (
+        summarize_tflite_bytes(appended, paths["appended"]),
+        summarize_tflite_bytes(plain, paths["plain"]),
+    )
+    assert summary.op_counts == original.op_counts and len(appended) - len(plain) < 101_000
+    for name, value in _outputs(paths["plain"]).items():
+        np.testing.assert_array_equal(_outputs(paths["appended"])[name], value)
+    assert append_tflite_metadata(_converted(model, True), {"pe_export.check": "x"}) is None
+    assert append_tflite_metadata(b"TFL3" * 4, {"pe_export.check": "x"}) is None

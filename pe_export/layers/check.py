@@ -68,22 +68,20 @@ def check_layers(
     mapped = {name: layer_map.tensors[name] for name in wanted if name in layer_map.tensors}
     if not RUNNERS.get(runtime).exposes_intermediates:
         return _bisected(model, bundle, runtime, options, tolerance, mapped, unmapped, progress)
-    runner = create_runner(runtime, model, **options, preserve_tensors=True)
-    comparison = LayerComparison(mapped, tolerance, bundle.sequence_layers)
-    with runner:
+    comparison = None
+    with create_runner(runtime, model, **options, preserve_tensors=True) as runner:
         for batch in bundle.batches():
             raise_if_interrupted()
             runner.infer(batch.inputs)
             produced = runner.tapped(list(mapped.values()))
-            for name, tensor in list(mapped.items()):
-                if tensor not in produced:  # the map names a tensor this file does not have
-                    unmapped[name] = f"the map names {tensor!r}, which the file does not compute"
-                    del mapped[name]
-            comparison = comparison if len(comparison.layers) == len(mapped) else comparison.only(mapped)
+            if comparison is None:  # the same file every batch: a tensor it lacks is known from the first
+                for name in [name for name, tensor in mapped.items() if tensor not in produced]:
+                    unmapped[name] = f"the map names {mapped.pop(name)!r}, which the file does not compute"
+                comparison = LayerComparison(mapped, tolerance, bundle.sequence_layers)
             comparison.update(produced, batch.layers, batch.valid)
             if progress:
                 progress()
-    return LayerReport(comparison.result(), unmapped, KERNELS.get(runtime, runtime))
+    return LayerReport([] if comparison is None else comparison.result(), unmapped, KERNELS.get(runtime, runtime))
 
 
 def _cuts(model: Path, runtime: str) -> bool:

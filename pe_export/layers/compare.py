@@ -33,10 +33,6 @@ class LayerComparison:
             name: OutputAccumulator(name, tolerance, argmax=False, sequence=name in sequence) for name in layers
         }
 
-    def only(self, layers: dict[str, str]) -> LayerComparison:
-        """The comparison of ``layers`` alone (the rest dropped before any batch was compared)."""
-        return LayerComparison(layers, self.tolerance, {n for n, a in self._accumulators.items() if a.sequence})
-
     def update(self, produced: dict[str, np.ndarray], expected: dict[str, np.ndarray], valid: np.ndarray) -> None:
         for name, tensor in self.layers.items():
             reference = expected[name]

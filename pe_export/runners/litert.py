@@ -27,13 +27,22 @@ class _TFLiteRunner(Runner):
 
     exposes_intermediates = True
 
-    def __init__(self, *args: Any, signature: str | None = None, preserve_tensors: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        signature: str | None = None,
+        preserve_tensors: bool = False,
+        serialized: bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         """``preserve_tensors``: keep every intermediate tensor readable after ``infer`` (``tapped``). The
         interpreter then runs its builtin kernels without the default XNNPACK delegate, whose fused partitions
-        keep no intermediate: the same ops in float32, not the same kernels."""
+        keep no intermediate: the same ops in float32, not the same kernels. ``serialized``: the file's bytes,
+        for a file that exists only in memory (as for onnxruntime); ``model_path`` then only names it."""
         super().__init__(*args, **kwargs)
         self.signature = signature
         self.preserve_tensors = preserve_tensors
+        self.serialized = serialized
         self._interpreter: Any = None
         self._signature_runner: Any = None
         self._invoked = False
@@ -52,9 +61,12 @@ class _TFLiteRunner(Runner):
         try:
             # The interpreter announces its XNNPACK delegate on fd 2; keep reports clean.
             with capture_native_output():
-                self._interpreter = interpreter_class(
-                    model_path=str(self.model_path), num_threads=self.threads, **self._tap_options()
+                model = (
+                    {"model_path": str(self.model_path)}
+                    if self.serialized is None
+                    else {"model_content": self.serialized}
                 )
+                self._interpreter = interpreter_class(**model, num_threads=self.threads, **self._tap_options())
             signatures = self._interpreter.get_signature_list()
         except ValueError as err:
             raise self._load_error(err) from err
@@ -160,7 +172,8 @@ def _real_value(detail: dict[str, Any], value: np.ndarray) -> np.ndarray:
 
 
 def _is_activation(detail: dict[str, Any]) -> bool:
-    """A float tensor computed per input (its shape signature has a batch-like first axis), not a weight."""
+    """A float tensor of rank 2 or more: an activation candidate. Tensors named after a variable read (weights) are
+    skipped only to save comparisons: a tensor maps to a layer by its values (layers/mapping.py), never its name."""
     return (
         np.dtype(detail["dtype"]).kind == "f" and len(detail["shape"]) >= 2 and "ReadVariableOp" not in detail["name"]
     )
