@@ -395,6 +395,12 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
     "any is over tolerance, naming the first.",
 )
 @click.option(
+    "--bisect",
+    is_flag=True,
+    help="With --layers: find the first layer over tolerance in files cut at a layer, each run as the runtime runs "
+    "it (XNNPACK, fused kernels; the way on LiteRT GPU, TensorRT and CUDA), about log2(layers) of them.",
+)
+@click.option(
     "--model-explorer",
     "model_explorer",
     type=click.Path(path_type=Path),
@@ -459,6 +465,7 @@ def parity(
         cpu_fallback=values["cpu_fallback"],
         target_tolerances=profile.tolerances if profile else {},
         layers=values["layers"],
+        bisect=values["bisect"],
     )
     report = check_parity(model, bundle, options)
     click.echo("\n".join(format_parity_report(report)))

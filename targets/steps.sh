@@ -2,12 +2,13 @@
 # failure kept; finish_report writes report.json (atomically) from the steps and their JSON results.
 # Needs $out (the results folder) and status=0 set by the caller.
 
-step() {  # step NAME COMMAND...: run it, record its exit code, keep the first failure's
+step() {  # step NAME COMMAND...: run it, record its exit code (also in $last_code), keep the first failure's
   local name=$1 code
   shift
   rm -f "$out/$name.json"  # a result left by an earlier run must not stand in for this one
   "$@"
   code=$?
+  last_code=$code
   printf '%s\t%s\t%s\n' "$name" "$code" "$*" >> "$out/steps.tsv"
   if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then status=$code; fi
 }

@@ -3,9 +3,10 @@
 The file's stamped layer map (pe_export/layers/mapping.py) says which tensor carries each layer; the runtime runs
 with its intermediate tensors kept (a second pass: the outputs were judged by the runtime as it normally runs)
 and each layer is judged by the output tolerance of the file's precision. A runtime that keeps no intermediate
-without computing otherwise (LiteRT's GPU accelerator) runs the file cut at a layer instead (layers/cut.py: that
-layer's tensor its only output), bisecting the layers in graph order for the first over tolerance: one cut file
-per step, about log2(layers) of them.
+without computing otherwise (LiteRT's GPU accelerator; onnxruntime's TensorRT and CUDA providers) runs the file
+cut at a layer instead (layers/cut.py: that layer's tensor its only output), bisecting the layers in graph order
+for the first over tolerance: one cut file per step, about log2(layers) of them. ``--bisect`` asks for the cut
+files where the runtime could keep the tensors (to judge XNNPACK's or onnxruntime's fused kernels as they run).
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ KERNELS = {
     "litert": "the interpreter's builtin kernels with every tensor kept (XNNPACK off: it keeps no intermediate)",
     "tflite-runtime": "the interpreter's builtin kernels with every tensor kept (XNNPACK off)",
     "tflite-tf": "the interpreter's builtin kernels with every tensor kept (XNNPACK off)",
-    "onnxruntime": "the same session with every node's output also a graph output",
+    "onnxruntime": "the same session with every node's output also a graph output (no fusion across one)",
 }
 
 
-def layers_checkable(model: Path, stamps: dict[str, str], bundle: Bundle, runtime: str) -> LayerMap:
+def layers_checkable(
+    model: Path, stamps: dict[str, str], bundle: Bundle, runtime: str, options: dict[str, Any], bisect: bool = False
+) -> LayerMap:
     """The file's layer map, once the file, the bundle and the runtime can all take part (before any work)."""
     if not bundle.layers:
         raise no_layers_in(bundle)
-    if not RUNNERS.get(runtime).exposes_intermediates and not _cuts(model, runtime):
+    if (bisect or not RUNNERS.get(runtime).keeps_intermediates(options)) and not _cuts(model, runtime):
         capable = ", ".join(name for name, cls in RUNNERS.items() if cls.exposes_intermediates)
         raise BadInputError(
-            f"--layers: runtime {runtime!r} cannot show a file's intermediate tensors without changing what it "
-            f"computes; run --layers with {capable}"
+            f"--layers: runtime {runtime!r} cannot show {model.name}'s intermediate tensors without changing what "
+            f"it computes, nor run it cut at a layer; run --layers with {capable}"
         )
     return stamped_map(model, stamps)
 
@@ -62,11 +65,12 @@ def check_layers(
     tolerance: Tolerance,
     layer_map: LayerMap,
     progress: Any = None,
+    bisect: bool = False,
 ) -> LayerReport:
     wanted = [spec.name for spec in bundle.layers]
     unmapped = {name: _why_unmapped(name, layer_map) for name in wanted if name not in layer_map.tensors}
     mapped = {name: layer_map.tensors[name] for name in wanted if name in layer_map.tensors}
-    if not RUNNERS.get(runtime).exposes_intermediates:
+    if bisect or not RUNNERS.get(runtime).keeps_intermediates(options):
         return _bisected(model, bundle, runtime, options, tolerance, mapped, unmapped, progress)
     comparison = None
     with create_runner(runtime, model, **options, preserve_tensors=True) as runner:
@@ -85,7 +89,9 @@ def check_layers(
 
 
 def _cuts(model: Path, runtime: str) -> bool:
-    return model.suffix.lower() == ".tflite" and ".tflite" in RUNNERS.get(runtime).file_suffixes
+    """Whether ``runtime`` runs the cut files of ``model``'s format (layers/cut.py cuts .tflite and .onnx)."""
+    suffix = model.suffix.lower()
+    return suffix in (".tflite", ".onnx") and suffix in RUNNERS.get(runtime).file_suffixes
 
 
 def _bisected(
@@ -102,17 +108,16 @@ def _bisected(
     import tempfile
 
     from pe_export.layers.compare import with_growth
-    from pe_export.layers.cut import cut_at
+    from pe_export.layers.cut import cut_file
 
-    data, names, judged = model.read_bytes(), list(mapped), {}
-    sequence = bundle.sequence_layers
+    names, judged, sequence = list(mapped), {}, bundle.sequence_layers
     with tempfile.TemporaryDirectory(prefix="pe-export-cut-") as folder:
+        cut = cut_file(model, Path(folder))
 
         def judge(index: int) -> bool:
             if index not in judged:
                 name = names[index]
-                path = Path(folder) / f"cut{index}.tflite"
-                path.write_bytes(cut_at(data, mapped[name]))
+                path = cut(mapped[name])
                 with create_runner(runtime, path, **options) as runner:
                     output = runner.output_names()[0]
                     comparison = LayerComparison({name: output}, tolerance, sequence & {name})
@@ -123,6 +128,7 @@ def _bisected(
                             progress()
                 (metrics,) = comparison.result()
                 judged[index] = replace(metrics, tensor=mapped[name])
+                path.unlink()
             return judged[index].ok
 
         low, high = 0, len(names) - 1
@@ -135,7 +141,7 @@ def _bisected(
                     high = middle
     checked = [judged[index] for index in sorted(judged)]
     note = (
-        f"{runtime}: the file cut at a layer and run whole on the accelerator, bisected: {len(checked)} of "
+        f"{runtime}: the file cut at a layer and run as the runtime runs it, bisected: {len(checked)} of "
         f"{len(names)} layers run"
     )
     return LayerReport(with_growth(checked), unmapped, note)

@@ -41,7 +41,7 @@ def run_check(
     if options.layers:  # refused before any work when the file or bundle cannot say it
         from pe_export.layers.check import layers_checkable
 
-        layer_map = layers_checkable(model, stamps, bundle, runtime)
+        layer_map = layers_checkable(model, stamps, bundle, runtime, extra, options.bisect)
     runner = create_runner(runtime, model, **extra)
     first_result_s = 0.0
 
@@ -71,7 +71,7 @@ def run_check(
     if layer_map is not None:
         from pe_export.layers.check import check_layers
 
-        layers = check_layers(model, bundle, runtime, extra, overall, layer_map, progress)
+        layers = check_layers(model, bundle, runtime, extra, overall, layer_map, progress, options.bisect)
     return ParityReport(
         model=model,
         bundle=bundle.path,

@@ -146,6 +146,7 @@ class ParityOptions:
     # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
     target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
     layers: bool = False  # also compare the bundle's layer activations with the file's tensors (golden --layers)
+    bisect: bool = False  # with layers: judge files cut at a layer, run as the runtime runs them (layers/check.py)
 
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
@@ -153,6 +154,10 @@ class ParityOptions:
         if not self.timeout_s > 0:  # an open interval: any positive number of seconds
             raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
         check_range("--threads", self.threads, 1, MAX_THREADS)
+        if self.bisect and not self.layers:
+            raise BadInputError(
+                "--bisect finds the first layer over tolerance in files cut at a layer; it needs --layers"
+            )
 
 
 @dataclass

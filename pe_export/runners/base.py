@@ -57,6 +57,12 @@ class Runner(ABC):
     # what the file computes says so and implements ``tapped``.
     exposes_intermediates: ClassVar[bool] = False
 
+    @classmethod
+    def keeps_intermediates(cls, options: dict[str, Any]) -> bool:
+        """Whether the runner with ``options`` can keep a file's intermediate tensors and still compute what it
+        computes without them; where not, `parity --layers` runs files cut at a layer (pe_export/layers/check.py)."""
+        return cls.exposes_intermediates
+
     def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
         """After ``infer``: the file's intermediate tensors by name (``names``, or every float activation)."""
         raise BadInputError(

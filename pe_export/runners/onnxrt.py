@@ -134,6 +134,14 @@ class OnnxRuntimeRunner(Runner):
 
     exposes_intermediates = True
 
+    @classmethod
+    def keeps_intermediates(cls, options: dict[str, Any]) -> bool:
+        """The CPU provider only: TensorRT builds its engine around the graph's outputs and the CUDA provider runs
+        fused kernels (onnxruntime's fusions stop at a value that is an output), so a value made an output there is
+        not the one the file computes; their layers are read from files cut at a layer."""
+        providers = resolve_providers(options.get("providers", DEFAULT_PROVIDERS))
+        return all(provider == "CPUExecutionProvider" for provider in providers)
+
     def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
         if not self.preserve_tensors or not self._last:
             raise RuntimeError("tapped() needs a runner made with preserve_tensors=True, after infer()")

@@ -8,6 +8,9 @@
 #   targets/desktop-cuda/check.sh encoder.onnx golden/ [out-dir]
 #   PROVIDER_SETS="cuda" BENCH_RUNS=50 BENCH_SEQ_LEN=64 targets/desktop-cuda/check.sh encoder.onnx golden/
 #
+# A parity step that fails (exit 1) on a bundle written with --layers is followed by a layers step naming the
+# first layer over tolerance (report.json: layers-<providers>).
+#
 # Exit code: 0 when every step passed, else the first failing step's (1 parity, 2 bad input,
 # 3 provider unavailable).
 set -uo pipefail
@@ -32,6 +35,13 @@ for providers in $provider_sets; do
   # TensorRT builds its engine on the first call: minutes for a large model, hence the timeout.
   step "parity-$tag" pe-export parity "$model" "$golden" --providers "$providers" "${tf32[@]}" \
     --timeout 1800 --json "$out/parity-$tag.json"
+  # A failed check on a bundle with layers (golden --layers): the first layer over tolerance on this GPU, from
+  # files cut at a layer (TensorRT and CUDA keep no intermediate as they run): about log2(layers) engine builds.
+  if [ "$last_code" -eq 1 ] && python3 -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("layers"))' \
+    "$golden/manifest.json" 2>/dev/null; then
+    step "layers-$tag" pe-export parity "$model" "$golden" --providers "$providers" "${tf32[@]}" --layers \
+      --timeout 1800 --json "$out/layers-$tag.json"
+  fi
   step "bench-$tag" pe-export bench "$model" --providers "$providers" "${tf32[@]}" \
     "${seq_len[@]}" --runs "$runs" --warmup 20 --json "$out/bench-$tag.json"
 done

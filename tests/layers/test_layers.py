@@ -4,6 +4,7 @@ export, and `parity --layers` naming the block a deliberately altered weight sit
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +265,62 @@ def test_cli_writes_json_plot_and_model_explorer(bert: dict[str, Path], tmp_path
         cli, ["parity", str(bert["onnx"]), str(bert["golden"]), "--model-explorer", str(tmp_path / "x.json")]
     )
     assert isinstance(refused.exception, BadInputError) and "it needs --layers" in str(refused.exception)
+
+
+@pytest.mark.parametrize("file_format", ["tflite", "onnx"])
+def test_bisection_over_cut_files_finds_the_altered_layer(
+    bert: dict[str, Path], file_format: str, tmp_path: Path
+) -> None:
+    """--bisect: the file cut at a layer and run as the runtime normally runs it (XNNPACK on; onnxruntime's own
+    fusions), halving the mapped layers: the altered layer in about log2(layers) files; a faithful file in one."""
+    from pe_export.parity.result import bisection_steps
+
+    faithful = layer_check(bert[file_format], bert["golden"], bisect=True)
+    assert faithful.passed and faithful.layers is not None and len(faithful.layers.layers) == 1
+    assert "bisected: 1 of" in faithful.layers.kernels
+    altered = layer_check(altered_copy(bert[file_format], tmp_path / f"a.{file_format}"), bert["golden"], bisect=True)
+    assert not altered.passed and altered.layers is not None
+    assert altered.layers.first_divergence == ALTERED
+    found = re.search(r"bisected: (\d+) of (\d+) layers run", altered.layers.kernels)
+    assert found, altered.layers.kernels
+    run, mapped = map(int, found.groups())
+    assert run == len(altered.layers.layers) and 2 <= run <= bisection_steps(mapped) < mapped
+    names = [layer.name for layer in altered.layers.layers]  # the layers run, in graph order
+    assert all(layer.ok for layer in altered.layers.layers[: names.index(ALTERED)])
+    assert not any(layer.ok for layer in altered.layers.layers[names.index(ALTERED) :])  # bad from there on
+
+
+def test_cut_onnx_files_compute_the_layer(bert: dict[str, Path], tmp_path: Path) -> None:
+    """The ONNX cut: the layer's value the only output, the nodes after it left out; onnxruntime reads it whole."""
+    import onnx
+
+    from pe_export.layers.cut import cut_onnx_at
+    from pe_export.parity.bundle import load_bundle
+    from pe_export.runners import create_runner
+
+    stamps = {p.key: p.value for p in onnx.load(str(bert["onnx"]), load_external_data=False).metadata_props}
+    layer_map = LayerMap.from_json(stamps[LAYER_MAP], "bert.onnx")
+    batch = next(load_bundle(bert["golden"]).batches())
+    whole = len(onnx.load(str(bert["onnx"])).graph.node)
+    for layer in ("embeddings_layer_norm", "transformer_layer_0/add", "transformer_layer_1"):
+        path = cut_onnx_at(bert["onnx"], layer_map.tensors[layer], tmp_path / "cut.onnx")
+        assert len(onnx.load(str(path)).graph.node) < whole  # what only later layers read is gone
+        with create_runner("onnxruntime", path) as runner:
+            (value,) = runner.infer(batch.inputs).values()
+        np.testing.assert_allclose(value.reshape(batch.layers[layer].shape), batch.layers[layer], atol=1e-4, rtol=1e-4)
+    with pytest.raises(BadInputError, match="has no tensor 'nope' to cut at"):
+        cut_onnx_at(bert["onnx"], "nope", tmp_path / "x.onnx")
+
+
+def test_gpu_providers_are_bisected_and_the_cpu_keeps_its_tensors() -> None:
+    """TensorRT builds its engine around the graph's outputs (CUDA's fused kernels likewise): values made outputs
+    there are not the ones it computes, so those providers are judged on cut files; the CPU keeps the tensors."""
+    from pe_export.runners.base import RUNNERS
+
+    onnxruntime = RUNNERS.get("onnxruntime")
+    assert onnxruntime.keeps_intermediates({"providers": ("cpu",)})
+    assert not onnxruntime.keeps_intermediates({"providers": ("tensorrt", "cuda")})
+    assert not onnxruntime.keeps_intermediates({"providers": ("cuda",)})
+    assert not RUNNERS.get("litert-gpu").keeps_intermediates({})
+    with pytest.raises(BadInputError, match=r"--bisect .* needs --layers"):
+        ParityOptions(bisect=True).validate()

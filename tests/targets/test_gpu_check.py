@@ -70,3 +70,33 @@ def test_cpu_provider_set_runs_parity_and_bench_for_real(onnx_and_golden: tuple[
     assert max(o["max_abs"] for o in parity["outputs"]) < 1e-4
     assert bench["latency_ms"]["p50"] > 0 and (bench["runs"], bench["seq_len"]) == (20, 32)
     assert "--tf32" in report["steps"][0]["command"] and not list(out.glob("*.partial"))
+
+
+def test_a_failing_check_on_a_bundle_with_layers_names_the_layer(saved_model, tmp_path: Path) -> None:
+    """The script's layers step (on the GPU: cut files; here the CPU's kept tensors): after a failed parity on a
+    bundle written with --layers, report.json says where the file departs."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from pe_export.api import export_onnx
+    from pe_export.converters.options import ExportOptions
+
+    golden = tmp_path / "golden"
+    make_golden(saved_model("encoder_dynamic"), golden, GoldenOptions(samples=4, batch=2, layers="blocks"))
+    exported = export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions()).output  # mapped
+    proto = onnx.load(str(exported))
+    weights = {i for node in proto.graph.node if node.op_type == "MatMul" for i in node.input}
+    kernel = next(init for init in proto.graph.initializer if init.name in weights and len(init.dims) == 2)
+    kernel.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(kernel) * np.float32(1.5), kernel.name))
+    altered = tmp_path / "altered.onnx"
+    onnx.save(proto, str(altered))
+    done = check(altered, golden, tmp_path / "out", PROVIDER_SETS="cpu", BENCH_RUNS="5", BENCH_SEQ_LEN="32")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    steps = {s["step"]: s for s in report["steps"]}
+    assert list(steps) == ["parity-cpu", "layers-cpu", "bench-cpu"], done.stderr
+    assert [step["exit_code"] for step in steps.values()] == [1, 1, 0], done.stderr
+    layers = steps["layers-cpu"]["result"]
+    first = next(layer for layer in layers["layers"] if layer["name"] == layers["first_divergence"])
+    assert not first["ok"] and all(layer["ok"] for layer in layers["layers"][: layers["layers"].index(first)])
