@@ -11,6 +11,8 @@ does not depend on are left out (an ONNX graph may not list a value twice, and T
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -89,8 +91,8 @@ def _subgraph(model: Table) -> Table:
 
 def cut_onnx_at(model: Path, tensor: str, path: Path) -> Path:
     """``model`` (an .onnx file) with the value ``tensor`` its only output and the nodes it does not depend on
-    left out, written at ``path``; external data is reached through links beside it (the model's own folder may
-    be read-only on a device). Needs the onnx package (the device extra)."""
+    left out, written at ``path``; external data is reached through hard links beside it (copies across file
+    systems: the model's own folder may be read-only on a device). Needs the onnx package (the device extra)."""
     try:
         import onnx
     except ImportError as err:
@@ -123,12 +125,21 @@ def cut_onnx_at(model: Path, tensor: str, path: Path) -> Path:
     graph.output.append(output)
     graph.initializer.extend(initializers)
     for location in _external_locations(initializers):
-        link, source = path.parent / location, model.parent / location
-        if not link.exists() and source.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(source.resolve())
+        _reach(model.parent / location, path.parent / location)
     path.write_bytes(proto.SerializeToString())
     return path
+
+
+def _reach(source: Path, target: Path) -> None:
+    """The external data file ``source`` at ``target``: a hard link, or a copy across file systems (onnxruntime
+    refuses a symbolic link that leads out of the model's folder)."""
+    if target.exists() or not source.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _read_names(node: Any) -> list[str]:

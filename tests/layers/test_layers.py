@@ -310,6 +310,17 @@ def test_cut_onnx_files_compute_the_layer(bert: dict[str, Path], tmp_path: Path)
         np.testing.assert_allclose(value.reshape(batch.layers[layer].shape), batch.layers[layer], atol=1e-4, rtol=1e-4)
     with pytest.raises(BadInputError, match="has no tensor 'nope' to cut at"):
         cut_onnx_at(bert["onnx"], "nope", tmp_path / "x.onnx")
+    # weights in a data file beside the model (past 2 GiB): the cut, written elsewhere, reaches them by a link
+    (tmp_path / "external").mkdir()
+    external = tmp_path / "external" / "m.onnx"
+    onnx.save(onnx.load(str(bert["onnx"])), str(external), save_as_external_data=True, location="m.data")
+    (tmp_path / "cuts").mkdir()
+    path = cut_onnx_at(external, layer_map.tensors["transformer_layer_1"], tmp_path / "cuts" / "cut.onnx")
+    assert (tmp_path / "cuts" / "m.data").stat().st_nlink == 2  # the same file, not a copy
+    with create_runner("onnxruntime", path) as runner:
+        (value,) = runner.infer(batch.inputs).values()
+    expected = batch.layers["transformer_layer_1"]
+    np.testing.assert_allclose(value.reshape(expected.shape), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_gpu_providers_are_bisected_and_the_cpu_keeps_its_tensors() -> None:
