@@ -9,7 +9,9 @@ the same op and shape at the same offset in a period of the graph's order) are m
 run per place, and share its cost. Measured on all-MiniLM-L6-v2, the cost of a place spans 300x (query
 kernels least, feed-forward outputs most) and the layer within a place less; a one-pass estimate (each op's
 own simulated int8 error) spanned 6x and ranked the six feed-forward outputs almost in reverse, so it was
-not used.
+not used. Nor is a layer-wise pass (`parity --layers` on the all-int8 file, benchmarks/int8_sensitivity.py): on
+MiniLM its layers' relative errors rank the 7 places against their measured costs (Spearman -0.43; growth -0.29),
+and it is no cheaper (3.7 s with the reference's activations, against 3.0 s for the 7 per-place files).
 
 The format supplies ``build(kept_float)`` (the quantized model with those weights left in float), ``run(model,
 feeds)`` and each weight's kind (op and shape), the candidates in graph order. Weights are named by the
