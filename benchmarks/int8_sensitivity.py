@@ -1,6 +1,6 @@
 """Where the dynamic-int8 search should get each weight's cost: its per-place runs, or one layer-wise pass.
 
-The search (pe_export/converters/keep_float.py) measures each place of the repeated block (query kernels,
+The search (converters/keep_float.py) measures each place of the repeated block (query kernels,
 feed-forward outputs, …) by quantizing it alone and running the model on a probe of two rows: one file per place.
 A layer-wise pass (`parity --layers`, pe_export/layers) runs the all-int8 file once with its tensors kept and gives
 every layer's error growth. This prints both on all-MiniLM-L6-v2, TFLite, side by side: files run and seconds for
