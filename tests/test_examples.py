@@ -41,3 +41,22 @@ def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) 
     bad = run("bash", script, saved_model("encoder_multi_io"), tmp_path / "out", "--atol", "0", "--rtol", "0")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "fails parity" in bad.stderr
+
+
+@pytest.mark.slow  # tens of seconds: out of the quick run
+def test_device_parity_example_runs_as_written(saved_model, tmp_path: Path) -> None:
+    """examples/device-parity/README.md, its commands as written, on one of the suite's encoders at saved_model/
+    (the docker lines are the CPU image's, built and run by tests/test_docker_images.py)."""
+    from tests.test_docs import shell_lines
+
+    (tmp_path / "saved_model").symlink_to(saved_model("encoder_dynamic"), target_is_directory=True)
+    commands = shell_lines(REPO / "examples" / "device-parity" / "README.md")
+    ran = [line for line in commands if not line.startswith("docker ")]
+    assert len(ran) == 4 and len(commands) == 6, commands
+    for line in ran:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+    import json
+
+    report = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert report["passed"] is True and report["outputs"] and report["runtime"]
