@@ -298,3 +298,17 @@ def onnx_model(graph: Any, *opsets: tuple[str, int]) -> Any:
     return helper.make_model(
         graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports, ignore_unknown=True)
     )
+
+
+SHELL_FENCE = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
+
+
+def shell_lines(page: Path) -> list[str]:
+    """The page's fenced shell commands, continuation lines joined, comments dropped."""
+    commands = []
+    for block in SHELL_FENCE.findall(page.read_text(encoding="utf-8")):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands

@@ -11,22 +11,10 @@ from pathlib import Path
 import click
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, shell_lines
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").glob("*/README.md"))]
-FENCE = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
 README_LINES = 200
-
-
-def shell_lines(page: Path) -> list[str]:
-    """The page's fenced shell commands, continuation lines joined, comments dropped."""
-    commands = []
-    for block in FENCE.findall(page.read_text(encoding="utf-8")):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
-    return commands
 
 
 def pe_export_calls(line: str) -> list[list[str]]:

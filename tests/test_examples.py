@@ -47,7 +47,7 @@ def test_ci_script_passes_then_fails_on_regression(saved_model, tmp_path: Path) 
 def test_device_parity_example_runs_as_written(saved_model, tmp_path: Path) -> None:
     """examples/device-parity/README.md, its commands as written, on one of the suite's encoders at saved_model/
     (the docker lines are the CPU image's, built and run by tests/test_docker_images.py)."""
-    from tests.test_docs import shell_lines
+    from tests.helpers import shell_lines
 
     (tmp_path / "saved_model").symlink_to(saved_model("encoder_dynamic"), target_is_directory=True)
     commands = shell_lines(REPO / "examples" / "device-parity" / "README.md")
