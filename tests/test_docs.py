@@ -45,12 +45,15 @@ def cases() -> list[tuple[str, list[str]]]:
     return found
 
 
+CASES = cases()  # read once: the parametrization, its ids and the count below share it
+
+
 def test_the_docs_hold_commands_to_check() -> None:
-    pages = {case.split(":")[0] for case, _ in cases()}
-    assert len(cases()) > 30 and {"README.md", "docs/parity.md", "examples/minilm-int8/README.md"} <= pages
+    pages = {case.split(":")[0] for case, _ in CASES}
+    assert len(CASES) > 30 and {"README.md", "docs/parity.md", "examples/minilm-int8/README.md"} <= pages
 
 
-@pytest.mark.parametrize(("where", "call"), cases(), ids=[case for case, _ in cases()])
+@pytest.mark.parametrize(("where", "call"), CASES, ids=[case for case, _ in CASES])
 def test_every_documented_command_is_one_the_cli_takes(where: str, call: list[str]) -> None:
     from pe_export.cli import cli
 

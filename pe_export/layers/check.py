@@ -38,7 +38,7 @@ def layers_checkable(
     """The file's layer map, once the file, the bundle and the runtime can all take part (before any work)."""
     if not bundle.layers:
         raise no_layers_in(bundle)
-    if (bisect or not RUNNERS.get(runtime).keeps_intermediates(options)) and not _cuts(model, runtime):
+    if _by_cut_files(runtime, options, bisect) and not _cuts(model, runtime):
         capable = ", ".join(name for name, cls in RUNNERS.items() if cls.exposes_intermediates)
         raise BadInputError(
             f"--layers: runtime {runtime!r} cannot show {model.name}'s intermediate tensors without changing what "
@@ -70,7 +70,7 @@ def check_layers(
     wanted = [spec.name for spec in bundle.layers]
     unmapped = {name: _why_unmapped(name, layer_map) for name in wanted if name not in layer_map.tensors}
     mapped = {name: layer_map.tensors[name] for name in wanted if name in layer_map.tensors}
-    if bisect or not RUNNERS.get(runtime).keeps_intermediates(options):
+    if _by_cut_files(runtime, options, bisect):
         return _bisected(model, bundle, runtime, options, tolerance, mapped, unmapped, progress)
     comparison = None
     with create_runner(runtime, model, **options, preserve_tensors=True) as runner:
@@ -86,6 +86,11 @@ def check_layers(
             if progress:
                 progress()
     return LayerReport([] if comparison is None else comparison.result(), unmapped, KERNELS.get(runtime, runtime))
+
+
+def _by_cut_files(runtime: str, options: dict[str, Any], bisect: bool) -> bool:
+    """Whether the layers are read from cut files: asked for (--bisect), or the runtime keeps none faithfully."""
+    return bisect or not RUNNERS.get(runtime).keeps_intermediates(options)
 
 
 def _cuts(model: Path, runtime: str) -> bool:
