@@ -59,22 +59,25 @@ class KeepFloatOutcome:
     verdicts: int = 0  # of which run on every judging input (the others on the probe's few rows)
     float_bytes: int = 0  # bytes the kept weights cost over int8 (4 B a value instead of 1)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
+    mode: str = "int8"  # what the kept weights are kept out of, for the note: int8, or float16's arithmetic
 
     def notes(self, what: str) -> list[str]:
+        float16 = self.mode == "float16"
+        done, kept_as, files = ("in float16", "float32", "float16") if float16 else ("quantized", "float", "quantized")
         before = "".join(f"{step}; " for step in self.steps)
         if self.asked:
-            before += f"{len(self.asked)} kept in float as --keep-float asked; "
+            before += f"{len(self.asked)} kept in {kept_as} as --keep-float asked; "
         if not self.kept_float:
             return [
-                f"int8: {before}all {self.candidates} {what} quantized, worst cosine {self.cosine:.6f} against "
+                f"{self.mode}: {before}all {self.candidates} {what} {done}, worst cosine {self.cosine:.6f} against "
                 f"the float model {CHOSEN_ON}"
             ]
         names = ", ".join(_short(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
-            f"int8: {before}{len(self.kept_float)} of {self.candidates} {what} kept in float, the most sensitive "
-            f"per weight byte first ({names}; +{self.float_bytes:,} B over int8; {self.runs} quantized files "
-            f"tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model "
+            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in {kept_as}, the most "
+            f"sensitive per weight byte first ({names}; +{self.float_bytes:,} B over {self.mode}; {self.runs} {files} "
+            f"files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model "
             f"{CHOSEN_ON}, which {verdict} the target"
         ]
 
@@ -132,6 +135,7 @@ def keep_float_to_target(
     tolerance: Tolerance,
     kinds: dict[str, Hashable],
     asked: list[str] | None = None,
+    mode: str = "int8",
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
@@ -174,7 +178,15 @@ def keep_float_to_target(
 
     model, cosine, passed, scores = judge([])
     outcome = KeepFloatOutcome(
-        model, list(asked), len(candidates) + len(asked), cosine, passed, runs=runs, verdicts=verdicts, asked=asked
+        model,
+        list(asked),
+        len(candidates) + len(asked),
+        cosine,
+        passed,
+        runs=runs,
+        verdicts=verdicts,
+        asked=asked,
+        mode=mode,
     )
     if passed or not candidates:
         return outcome
@@ -191,13 +203,7 @@ def keep_float_to_target(
     while chosen is None:
         count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])
         if count == len(ranked):  # nothing left int8: that is a float file, not an int8 one
-            raise ParityError(
-                f"dynamic-int8: no file with an int8 weight meets the target (cosine >= {tolerance.min_cosine:g}, "
-                f"atol {tolerance.atol:g}, rtol {tolerance.rtol:g}) on the inputs it chooses on: every weight int8 "
-                f"reached {outcome.cosine:.6f}, and no count short of all {len(ranked)} kept in float passes; "
-                "nothing was written. Ask for less (--min-cosine), or export in float (no --quantize, or "
-                "--quantize float16)"
-            )
+            raise ParityError(_nothing_meets(mode, tolerance, outcome.cosine, len(ranked)))
         model, cosine, passed, scores = judge(ranked[:count])
         if passed:
             chosen = count
@@ -207,9 +213,26 @@ def keep_float_to_target(
             probe.append(min(rest, key=lambda unit: scores[unit]))
         low = count + 1
     outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, asked + ranked[:chosen], cosine, passed
-    outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * 3 // 4
+    # sizes are float32 bytes: a kept value costs 3 of its 4 bytes over int8, 2 over float16
+    outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * (2 if mode == "float16" else 3) // 4
     outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
+
+
+def _nothing_meets(mode: str, tolerance: Tolerance, cosine: float, count: int) -> str:
+    target = f"cosine >= {tolerance.min_cosine:g}, atol {tolerance.atol:g}, rtol {tolerance.rtol:g}"
+    if mode == "float16":
+        return (
+            f"float16: no file with a float16 node meets the target ({target}) on the inputs it chooses on: every "
+            f"node in float16 reached {cosine:.6f}, and no count short of all {count} kept in float32 passes; nothing "
+            "was written. Ask for less (--min-cosine), or export in float32 (no --quantize, or --quantize "
+            "weight-float16 for float16 storage with float32 arithmetic)"
+        )
+    return (
+        f"dynamic-int8: no file with an int8 weight meets the target ({target}) on the inputs it chooses on: every "
+        f"weight int8 reached {cosine:.6f}, and no count short of all {count} kept in float passes; nothing was "
+        "written. Ask for less (--min-cosine), or export in float (no --quantize, or --quantize float16)"
+    )
 
 
 def _score(got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None) -> Score:
@@ -287,7 +310,7 @@ def with_single_rows(feeds: Feeds, masks: Masks) -> tuple[Feeds, Masks]:
     return all_feeds, all_masks
 
 
-def resolve_asked(requested: tuple[str, ...], candidates: list[str]) -> list[str]:
+def resolve_asked(requested: tuple[str, ...], candidates: list[str], what: str = "int8 weight") -> list[str]:
     """The candidates ``--keep-float`` names: a weight's own name (a TFLite tensor, an ONNX node), or a path of
     whole name segments in it (a Keras layer path, ``transformer_layer_2/feedforward_output_dense``; the ``_1``
     Keras appends to a scope in the traced graph is allowed). A name that matches none is refused with names
@@ -298,8 +321,8 @@ def resolve_asked(requested: tuple[str, ...], candidates: list[str]) -> list[str
         if not found:
             examples = ", ".join(sorted({_short(c) for c in candidates})[:6])
             raise BadInputError(
-                f"--keep-float {wanted!r} names no int8 weight of this file; expected a weight's name or a layer path "
-                f"in one ({len(candidates)} weights, e.g. {examples})"
+                f"--keep-float {wanted!r} names no {what} of this file; expected its name or a layer path in one "
+                f"({len(candidates)} of them, e.g. {examples})"
             )
         chosen.extend(c for c in found if c not in chosen)
     return chosen

@@ -125,8 +125,10 @@ def convert_onnx(
 
 
 def _quantized(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+    if options.quantize == "weight-float16":
+        return _float16_storage(model)
     if options.quantize == "float16":
-        return _to_float16(model)
+        return _float16_arithmetic(model, options, judge, notes)
     if options.quantize == "dynamic-int8":
         return _dynamic_int8(model, options, judge, notes)
     if options.quantize == "weight-int8":
@@ -167,13 +169,12 @@ def check_onnx_model(model: Any, what: str) -> None:
         raise ConversionError(f"{what} fails onnx.checker: {first}{where}") from err
 
 
-def _to_float16(model: Any) -> Any:
-    """float16 weight storage: every float32 weight (rank ≥ 2) is stored in float16 and cast back.
+def _float16_storage(model: Any) -> Any:
+    """weight-float16: every float32 weight (rank ≥ 2) is stored in float16 and cast back.
 
-    This is what the TFLite converter's float16 mode does too; compute stays float32, so the
-    CPU provider runs it at fp32 speed with half the weight bytes. Full fp16 compute through
-    onnxruntime's converter breaks tf2onnx's strided-slice lowering, which compares against
-    ±1e9 float sentinels that float16 cannot hold (measured: a 0-row position slice).
+    This is what the TFLite converter's float16 mode does on a CPU too; compute stays float32, so every
+    provider runs it at fp32 speed with half the weight bytes. ``--quantize float16`` computes in float16
+    (``onnx_float16``).
     """
     onnx = import_onnx()
     from onnx import numpy_helper
@@ -215,6 +216,17 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model
+
+
+def _float16_arithmetic(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+    try:
+        from pe_export.converters.onnx_float16 import float16_to_target
+    except ImportError as err:
+        raise missing_extra("onnxruntime", "convert") from err
+    feeds, valid, sequence = judge() if judge is not None else ([], [], None)  # options.validate refuses none
+    model, said = float16_to_target(model, feeds, options.tolerance, valid, sequence, keep=options.keep_float)
+    notes.extend(said)
+    return model
 
 
 def write_onnx(model: Any, path: Path, data_name: str) -> None:

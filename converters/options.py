@@ -39,7 +39,7 @@ class ExportOptions:
     inputs: Path | None = None  # --inputs FILE.npz: the same, as arrays by input name (samples on axis 0)
     holdout: Path | None = None  # --holdout FILE: held-out samples (as --text or --inputs) that judge int8's choices
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
-    keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float (a name or a layer path)
+    keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float, ONNX float16 nodes float32
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
     layer_map: bool = True  # stamp which tensor carries each layer, proven on the float32 file (pe_export/layers)
 
@@ -66,12 +66,14 @@ class ExportOptions:
                 f"--holdout {self.holdout} needs --text or --inputs: it holds out samples of the same form "
                 "(sentences, or arrays by input name) from the choices they judge"
             )
-        if self.keep_float and self.quantize != "dynamic-int8":
+        searching = file_format == "onnx" and self.quantize == "float16"  # keeps nodes float32 by measurement
+        if self.keep_float and self.quantize != "dynamic-int8" and not searching:
             raise BadInputError(
-                f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float), not "
-                f"--quantize {self.quantize}; pass --quantize dynamic-int8 or drop --keep-float"
+                f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float) and ONNX's "
+                f"--quantize float16 (the nodes kept float32), not --quantize {self.quantize} for {file_format}; "
+                "pass one of those or drop --keep-float"
             )
-        if self.keep_float and not self.verify:
+        if self.keep_float and not self.verify and not searching:
             raise BadInputError(
                 "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
             )

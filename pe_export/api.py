@@ -308,7 +308,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             options,
             quiet=quiet,
             prepared=prepared,
-            judge=job.judge_feeds if options.verify else None,
+            judge=job.judge_feeds if options.verify or options.quantize == "float16" else None,  # it measures
             float_out=float_files if options.layer_map and options.verify else None,
         ),
     )
@@ -399,7 +399,12 @@ class _Job:
     @property
     def decides(self) -> bool:
         """Whether the export chooses by accuracy on the inputs (int8: smoothing, ranges, weights kept float)."""
-        return self.options.quantize in DECIDING_MODES
+        return self.options.quantize in DECIDING_MODES[self.file_format]
+
+    @property
+    def chooser(self) -> str:
+        """What makes the choices, in the notes: int8, or float16's arithmetic (ONNX: which nodes stay float32)."""
+        return "float16" if self.options.quantize == "float16" else "int8"
 
     @cached_property
     def parts(self) -> Parts:
@@ -410,7 +415,8 @@ class _Job:
             if not self.decides:
                 return Parts(check, check)
             choice = verification_feeds(self.specs, self.bounds, self.check_length, seed=CHOICE_SEED)
-            return Parts(choice, check, "int8 chose on generated inputs of its own, apart from those it is judged on")
+            note = f"{self.chooser} chose on generated inputs of its own, apart from those it is judged on"
+            return Parts(choice, check, note)
         given = self.user_case
         if not self.decides:
             return Parts(given, given)
@@ -419,18 +425,18 @@ class _Job:
             return Parts(
                 given,
                 held,
-                f"int8 chose on the {samples(given)} samples given, judged on the {samples(held)} of --holdout",
+                f"{self.chooser} chose on the {samples(given)} samples given, judged on the {samples(held)} of "
+                "--holdout",
             )
         split = split_rows(given, HOLDOUT_EVERY)
         if split is None:
-            return Parts(
-                given, given, "int8 chose on the one sample given and is judged on it (--holdout FILE: others)"
-            )
+            note = f"{self.chooser} chose on the one sample given and is judged on it (--holdout FILE: others)"
+            return Parts(given, given, note)
         choice, check = split
         return Parts(
             choice,
             check,
-            f"int8 chose on {samples(choice)} of the {samples(given)} samples and is judged on the other "
+            f"{self.chooser} chose on {samples(choice)} of the {samples(given)} samples and is judged on the other "
             f"{samples(check)}, held out (every {HOLDOUT_EVERY}th; --holdout FILE gives them)",
         )
 

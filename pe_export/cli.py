@@ -127,7 +127,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 "--keep-float",
                 "keep_float",
                 multiple=True,
-                help="dynamic-int8: leave this weight float (its name, or a layer path in names). Repeatable.",
+                help="dynamic-int8: leave this weight float (ONNX float16: this node float32); its name, or a layer "
+                "path in names. Repeatable.",
             ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option(

@@ -8,12 +8,15 @@ MIN_ONNX_OPSET = 13  # tf2onnx and onnxruntime's quantizer both need 13+
 MAX_ONNX_OPSET = 23  # the newest tf2onnx targets
 
 TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
-ONNX_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "weight-int8")
+# ONNX float16 computes in float16 (float32 islands where the values need it); weight-float16 stores the weights in
+# float16 and computes in float32, as TFLite's float16 does on a CPU
+ONNX_QUANTIZE_MODES = ("none", "float16", "weight-float16", "dynamic-int8", "weight-int8")
 
 # Precision that each quantize mode is judged at by the parity tolerances.
 PRECISION_OF_QUANTIZE = {
     "none": "fp32",
     "float16": "fp16",
+    "weight-float16": "fp16",
     "dynamic-int8": "int8",
     "int8": "int8",
     "weight-int8": "int8",  # weights only, float32 arithmetic: judged like int8, typically far closer
@@ -34,7 +37,7 @@ CALIBRATION_SAMPLES = 32
 # seed, apart from the verification's.
 HOLDOUT_EVERY = 4
 CHOICE_SEED = 1000
-DECIDING_MODES = ("int8", "dynamic-int8")
+DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "float16")}
 
 # `pe-export bench` defaults.
 BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128

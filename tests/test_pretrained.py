@@ -167,9 +167,47 @@ def test_tflite_int8_meets_the_accuracy_asked_for(
     assert strict.summary.file_bytes <= 0.5 * fp32
 
 
-def test_onnx_int8_and_compression(minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def fp32_onnx(minilm, tmp_path_factory: pytest.TempPathFactory) -> int:
+    """Bytes of the float32 ONNX file (precision under test, not the layer map: tests/layers)."""
+    from pe_export.api import export_onnx
+    from pe_export.converters.options import ExportOptions
+    from pe_export.text_inputs import TextInputs
+
+    saved, tokenizer, sentences = minilm
+    output = tmp_path_factory.mktemp("fp32") / "fp32.onnx"
+    report = export_onnx(saved, output, ExportOptions(text=TextInputs(sentences, tokenizer), layer_map=False))
+    assert report.parity is not None and report.parity.passed and report.parity.min_cosine >= 0.99999
+    return report.summary.file_bytes
+
+
+def test_onnx_float16_computes_in_float16_and_holds_on_held_out_text(
+    minilm, fp32_onnx: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """--quantize float16 measures the values on the given sentences (the LayerNorms' squared deviations pass
+    float16's safe range there and stay float32) and is judged on HELD_OUT, which it never saw."""
+    import onnx
+
+    from pe_export.converters.onnx_float16 import FLOAT16, float_tensors
+    from tests.fixtures.pretrained import held_out_sentences
+
+    output = tmp_path / "fp16.onnx"
+    size, held_out, out = export(
+        capfd, minilm, "onnx", output, "--quantize", "float16", "--holdout", str(held_out_sentences()), "--no-layer-map"
+    )
+    assert "float16 chose on the 8 samples given, judged on the 12 of --holdout" in out
+    assert held_out >= 0.9999 and size <= 0.55 * fp32_onnx, (held_out, size, fp32_onnx)
+    written = onnx.load(str(output))
+    types = float_tensors(written)
+    matmuls = [node for node in written.graph.node if node.op_type in ("MatMul", "Gemm")]
+    in_float16 = [node for node in matmuls if types.get(node.input[0]) == FLOAT16]
+    assert len(in_float16) >= 0.8 * len(matmuls), (len(in_float16), len(matmuls))
+    assert re.search(r"float32 where a value passed float16's safe range \(32752\) on the inputs measured \([1-9]", out)
+
+
+def test_onnx_int8_and_compression(minilm, fp32_onnx: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # precision and compression under test, not the layer map (tests/layers; the MiniLM TFLite fixture keeps its map)
-    fp32, _, _ = export(capfd, minilm, "onnx", tmp_path / "fp32.onnx", "--no-layer-map")
+    fp32 = fp32_onnx
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64", "--no-layer-map")
     int8, _, int8_note = int8_export(minilm, tmp_path / "int8.onnx")
     strict, _, strict_note = int8_export(minilm, tmp_path / "strict.onnx", min_cosine=0.999)

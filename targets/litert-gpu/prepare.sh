@@ -10,7 +10,7 @@
 set -euo pipefail
 out=$(realpath -m "${1:-.device/litert-gpu}")
 pyver=${2:-3.12}
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+repo=$(cd -P "$(dirname "$0")/../.." && pwd)  # -P: the checkout itself, through a linked targets/
 seq_len=32
 rm -rf "$out" && mkdir -p "$out/wheels" "$out/debs"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from pe_export.golden import GoldenOptions, make_golden
+from tests.helpers import REPO, shell_lines
 
-SCRIPT = Path(__file__).resolve().parents[2] / "targets" / "desktop-cuda" / "check.sh"
+SCRIPT = REPO / "targets" / "desktop-cuda" / "check.sh"
+EXAMPLE = REPO / "examples" / "gpu-check" / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +41,35 @@ def check(model: Path, golden: Path, out: Path, **env: str) -> subprocess.Comple
     )
 
 
-def test_without_a_gpu_the_gpu_steps_fail_by_name(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
+def test_without_a_gpu_the_examples_commands_fail_by_name(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:
+    """examples/gpu-check/README.md's desktop-cuda lines as written, from a folder holding encoder.onnx and golden/
+    (and targets/, as the repository root does): on a machine without a GPU each GPU step fails by name, exit 3."""
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this machine has CUDA: run the script for real instead")
-    done = check(*onnx_and_golden, tmp_path / "out", BENCH_RUNS="5")
-    assert done.returncode == 3, done.stdout + done.stderr
-    assert "TensorrtExecutionProvider" in done.stderr and "not available in this onnxruntime" in done.stderr
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["passed"] is False and report["exit_code"] == 3
-    assert [(s["step"], s["exit_code"], s["result"]) for s in report["steps"]] == [
+    model, golden = onnx_and_golden
+    for name, target in (("encoder.onnx", model), ("golden", golden), ("targets", REPO / "targets")):
+        (tmp_path / name).symlink_to(target)
+    lines = [line for line in shell_lines(EXAMPLE) if "desktop-cuda/check.sh" in line]
+    assert len(lines) == 2, lines
+    steps = {}
+    for line in lines:
+        shutil.rmtree(tmp_path / "gpu-check", ignore_errors=True)
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 3, (line, done.stdout + done.stderr)
+        assert "not available in this onnxruntime" in done.stderr
+        report = json.loads((tmp_path / "gpu-check" / "report.json").read_text())
+        assert report["passed"] is False and report["exit_code"] == 3
+        steps[line] = [(s["step"], s["exit_code"], s["result"]) for s in report["steps"]]
+    default, cuda_only = steps.values()
+    assert default == [
         ("parity-tensorrt-cuda", 3, None),
         ("bench-tensorrt-cuda", 3, None),
         ("parity-cuda", 3, None),
         ("bench-cuda", 3, None),
     ]
+    assert cuda_only == [("parity-cuda", 3, None), ("bench-cuda", 3, None)]
 
 
 def test_cpu_provider_set_runs_parity_and_bench_for_real(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from pe_export.targets.jetson.benchmark import main as jetson_benchmark
 from pe_export.targets.jetson.tegrastats import BOARD_RAILS, INPUT_RAILS, Sample, mean_power_mw, parse_line
+from tests.helpers import REPO, shell_lines
 
 # One line per format. Their shapes (field order, unitless JetPack 4 rails, the two `NC` channels
 # of AGX Orin's second monitor, -256C for sensors a module lacks, lower-case sensors on JetPack 6)
@@ -149,31 +151,34 @@ def test_captured_lines() -> None:
                     raise AssertionError(f"{capture.name}:{number}: {err}") from None
 
 
-def test_benchmark_off_a_jetson_runs_the_cpu_parts(
-    exported_file, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+def test_the_examples_benchmark_lines_off_a_jetson_run_the_cpu_parts(
+    saved_model, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """examples/jetson-bench/README.md's commands as written (in this process), on the suite's encoder_dynamic
+    exported as encoder.tflite and encoder.onnx with its table extended to the profile's 128 positions: off a Jetson
+    each says so and runs the CPU parts."""
+    from pe_export.api import export_onnx, export_tflite
+    from pe_export.converters.options import ExportOptions
+    from pe_export.tables.pipeline import TableOptions
+
+    for export, suffix in ((export_tflite, "tflite"), (export_onnx, "onnx")):
+        options = ExportOptions(tables=TableOptions(max_len=128), verify=False)
+        export(saved_model("encoder_dynamic"), tmp_path / f"encoder.{suffix}", options)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no tegrastats, whatever this machine has
-    tflite, onnx = exported_file("encoder_dynamic", "tflite"), exported_file("encoder_dynamic", "onnx")
-    code = jetson_benchmark(
-        [
-            str(tflite),
-            str(onnx),
-            "--out",
-            str(tmp_path / "bench"),
-            "--target",
-            "x86-cpu",
-            "--seq-len",
-            "16",
-            "--runs",
-            "20",
-        ]
-    )
-    printed = capsys.readouterr().out
-    assert code == 0 and "not a Jetson" in printed and "mJ/inference" in printed
-    runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]
-    assert [r["run"] for r in runs] == ["tflite cpu (xnnpack)", "onnx cpu"]
-    assert all(r["latency_ms"]["p50"] > 0 and r["mean_power_mw"] is None for r in runs)
-    assert (tmp_path / "bench" / "results.csv").read_text().count("\n") == 3
+    monkeypatch.chdir(tmp_path)
+    lines = shell_lines(REPO / "examples" / "jetson-bench" / "README.md")
+    module = "python -m pe_export.targets.jetson.benchmark "
+    assert len(lines) == 2 and all(line.startswith(module) for line in lines), lines
+    expected = {"jetson-bench": ["tflite cpu (xnnpack)", "onnx cpu"], "jetson-bench-128": ["onnx cpu"]}
+    for line, (out, runs) in zip(lines, expected.items(), strict=True):
+        code = jetson_benchmark(shlex.split(line.removeprefix(module)))
+        printed = capsys.readouterr().out
+        assert code == 0 and "not a Jetson" in printed and "mJ/inference" in printed
+        results = json.loads((tmp_path / out / "results.json").read_text())["runs"]
+        assert [r["run"] for r in results] == runs
+        assert all(r["latency_ms"]["p50"] > 0 and r["mean_power_mw"] is None for r in results)
+        assert (tmp_path / out / "results.csv").read_text().count("\n") == len(runs) + 1
+    assert json.loads((tmp_path / "jetson-bench-128" / "results.json").read_text())["runs"][0]["runs"] == 500
 
 
 FAKE_TEGRASTATS = """#!/bin/sh
