@@ -30,7 +30,12 @@ from pe_export.constants import (
 from pe_export.errors import BadInputError, check_range
 from pe_export.inputs import generate_inputs
 from pe_export.runners import create_runner, resolve_runtime, runner_options_for
-from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision
+from pe_export.runtime_options import (
+    DEFAULT_GPU_PRECISION,
+    DEFAULT_PROVIDERS,
+    check_gpu_precision,
+    check_tensorrt_modes,
+)
 from pe_export.specs import feed_shape
 
 BENCH_SCHEMA_VERSION = 1
@@ -62,9 +67,13 @@ class BenchOptions:
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
     gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
     cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
+    trt_fp16: bool = False  # TensorRT may build float16 layers
+    trt_int8: bool = False  # TensorRT may build int8 layers from the file's Q/DQ scales
+    trt_cache: str | None = None  # folder of TensorRT engines and timing data, kept between sessions
 
     def validate(self) -> None:
         check_gpu_precision(self.gpu_precision)
+        check_tensorrt_modes(self.providers, self.trt_fp16, self.trt_int8, self.trt_cache)
         check_range("--batch", self.batch, 1, MAX_BATCH)
         check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
         check_range("--runs", self.runs, 1, MAX_RUNS)
@@ -138,7 +147,14 @@ def run_bench(model: Path, options: BenchOptions, progress: Callable[[int, int],
     if not model.is_file():
         raise BadInputError(f"{model} is not a file; expected a .tflite or .onnx model")
     runtime = resolve_runtime(model, options.runtime)
-    extra = runner_options_for(runtime, options)
+
+    def feeds() -> list[dict[str, np.ndarray]]:  # TensorRT's profile: the shapes the timed calls will feed
+        from pe_export.inspection.onnx_file import onnx_input_specs
+
+        specs = onnx_input_specs(model)
+        return [generate_inputs(specs, {}, batch=options.batch, seq_len=options.seq_len, seed=0, padded=False)]
+
+    extra = runner_options_for(runtime, options, feeds)
     started = time.perf_counter()
     runner = create_runner(runtime, model, **extra)
     runner.activate()

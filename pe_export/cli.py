@@ -214,6 +214,42 @@ def _gpu_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+def _tensorrt_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--tf32, --trt-fp16, --trt-int8 and --trt-cache: how CUDA and TensorRT compute (onnxruntime's providers)."""
+    for option in (
+        click.option(
+            "--trt-cache",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=None,
+            help="Keep TensorRT's engines and timing data in this folder (an engine build takes minutes on a Jetson).",
+        ),
+        click.option(
+            "--trt-int8",
+            is_flag=True,
+            help="TensorRT may build int8 layers from the file's Q/DQ scales (judged by the int8 tolerance).",
+        ),
+        click.option(
+            "--trt-fp16", is_flag=True, help="TensorRT may build float16 layers (judged by the fp16 tolerance)."
+        ),
+        click.option(
+            "--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32)."
+        ),
+    ):
+        command = option(command)
+    return command
+
+
+def _tensorrt_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The TensorRT/CUDA options as ParityOptions and BenchOptions take them."""
+    cache = values["trt_cache"]
+    return {
+        "tf32": values["tf32"],
+        "trt_fp16": values["trt_fp16"],
+        "trt_int8": values["trt_int8"],
+        "trt_cache": str(cache.resolve()) if cache is not None else None,
+    }
+
+
 def _target_runtime(
     model: Path, target: str | None, runtime: str | None, providers: str | None
 ) -> tuple[str | None, tuple[str, ...], Any]:
@@ -415,7 +451,7 @@ def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path |
     help=f"Seconds per runtime call (default: the target's, else {DEFAULT_TIMEOUT_S:g}).",
 )
 @click.option("--threads", type=int, default=None, help="Runtime threads.")
-@click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
+@_tensorrt_options
 @_gpu_options
 @click.option("--no-isolate", is_flag=True, help="Run the runtime in this process (faster; a crash is fatal).")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json and --plot files.")
@@ -461,7 +497,7 @@ def parity(
         timeout_s=timeout,
         threads=values["threads"],
         isolate=not values["no_isolate"],
-        tf32=values["tf32"],
+        **_tensorrt_values(values),
         gpu_precision=values["gpu_precision"],
         cpu_fallback=values["cpu_fallback"],
         target_tolerances=profile.tolerances if profile else {},
@@ -499,7 +535,7 @@ def parity(
 @click.option("--seq-len", type=int, default=None, help=f"Sequence length for dynamic axes (default {BENCH_SEQ_LEN}).")
 @click.option("--runs", type=int, default=None, help=f"Timed runs (default {BENCH_RUNS}).")
 @click.option("--warmup", type=int, default=None, help=f"Untimed warm-up runs (default {BENCH_WARMUP}).")
-@click.option("--tf32", is_flag=True, help="Allow TF32 math on CUDA/TensorRT (off: float32 files compute float32).")
+@_tensorrt_options
 @_gpu_options
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --json file.")
@@ -518,11 +554,12 @@ def bench(model: Path, json_path: Path | None, overwrite: bool, **values: Any) -
     options = BenchOptions(
         runtime=runtime,
         providers=providers,
-        tf32=values["tf32"],
         gpu_precision=values["gpu_precision"],
         cpu_fallback=values["cpu_fallback"],
+        **_tensorrt_values(values),
         **{**settings, **given},
     )
+    options.validate()  # before the progress bar: a bad option is one line
     with click.progressbar(length=options.runs, label="timing", file=sys.stderr) as bar:
 
         def advance(done: int, total: int) -> None:

@@ -30,6 +30,16 @@ def resolve_providers(names: tuple[str, ...] | list[str]) -> list[str]:
     return resolved
 
 
+def check_tensorrt_modes(providers: tuple[str, ...] | list[str], fp16: bool, int8: bool, cache: object) -> None:
+    """TensorRT's options apply to the tensorrt provider: without it they would be ignored in silence."""
+    asked = [flag for flag, on in (("--trt-fp16", fp16), ("--trt-int8", int8), ("--trt-cache", cache)) if on]
+    if asked and "TensorrtExecutionProvider" not in resolve_providers(providers):
+        raise BadInputError(
+            f"{' and '.join(asked)} set TensorRT's build; the providers asked ({','.join(providers)}) do not include "
+            "tensorrt: pass --providers tensorrt,cuda,cpu or drop them"
+        )
+
+
 def check_gpu_precision(precision: str) -> str:
     if precision not in GPU_PRECISIONS:
         raise BadInputError(f"--gpu-precision {precision!r} is not one of: {', '.join(GPU_PRECISIONS)}")

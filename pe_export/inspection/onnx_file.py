@@ -52,6 +52,14 @@ def _value_spec(value: Any, onnx: Any) -> TensorSpec:
     return TensorSpec(text(value.name), dtype, shape)
 
 
+def onnx_input_specs(path: Path) -> list[TensorSpec]:
+    """The graph inputs of the file at ``path`` that are not initializers (its weights are not read)."""
+    onnx = import_onnx()
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {init.name for init in model.graph.initializer}
+    return [_value_spec(value, onnx) for value in model.graph.input if value.name not in constants]
+
+
 def unknown_ops(model: Any) -> list[str]:
     """Nodes whose op has no schema in the ONNX standard at the model's opset."""
     onnx = import_onnx()

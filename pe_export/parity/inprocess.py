@@ -31,7 +31,7 @@ def run_check(
     stamps = _stamps(model)
     digest = _check_digest(stamps.get(SOURCE_DIGEST), bundle, options.ignore_digest, model)
     runtime = resolve_runtime(model, options.runtime)
-    extra = runner_options_for(runtime, options)
+    extra = runner_options_for(runtime, options, lambda: [batch.inputs for batch in bundle.batches()])
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
     # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default; read only
     # where no --precision says it.

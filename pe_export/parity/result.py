@@ -14,7 +14,13 @@ from typing import Any
 from pe_export.constants import DEFAULT_TIMEOUT_S, MAX_THREADS
 from pe_export.errors import BadInputError, ExitCode, ParityError, check_range
 from pe_export.parity.tolerances import Tolerance
-from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, check_gpu_precision, resolve_providers
+from pe_export.runtime_options import (
+    DEFAULT_GPU_PRECISION,
+    DEFAULT_PROVIDERS,
+    check_gpu_precision,
+    check_tensorrt_modes,
+    resolve_providers,
+)
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class ParityOptions:
     tf32: bool = False  # allow TF32 math on CUDA/TensorRT (see runners.onnxrt)
     gpu_precision: str = DEFAULT_GPU_PRECISION  # litert-gpu's arithmetic (see runners.litert_gpu)
     cpu_fallback: bool = False  # litert-gpu: let the CPU run ops the GPU lacks
+    trt_fp16: bool = False  # TensorRT may build float16 layers (judged by the fp16 tolerance)
+    trt_int8: bool = False  # TensorRT may build int8 layers from the file's Q/DQ scales (the int8 tolerance)
+    trt_cache: str | None = None  # folder of TensorRT engines and timing data, kept between sessions
     # A device target's tolerances (precision → atol/rtol): over the defaults and the bundle's, under the options'.
     target_tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
     layers: bool = False  # also compare the bundle's layer activations with the file's tensors (golden --layers)
@@ -151,6 +160,7 @@ class ParityOptions:
     def validate(self) -> None:
         resolve_providers(self.providers)  # a typo is an error even when the file is .tflite
         check_gpu_precision(self.gpu_precision)
+        check_tensorrt_modes(self.providers, self.trt_fp16, self.trt_int8, self.trt_cache)
         if not self.timeout_s > 0:  # an open interval: any positive number of seconds
             raise BadInputError(f"--timeout {self.timeout_s:g} is out of range; expected seconds > 0")
         check_range("--threads", self.threads, 1, MAX_THREADS)

@@ -13,6 +13,7 @@ import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.registry import Registry
+from pe_export.runtime_options import resolve_providers
 from pe_export.specs import TensorSpec
 
 
@@ -151,10 +152,25 @@ class RuntimeSettings(Protocol):
     def gpu_precision(self) -> str: ...
     @property
     def cpu_fallback(self) -> bool: ...
+    @property
+    def trt_fp16(self) -> bool: ...
+    @property
+    def trt_int8(self) -> bool: ...
+    @property
+    def trt_cache(self) -> str | None: ...
 
 
-def runner_options_for(runtime: str, settings: RuntimeSettings) -> dict[str, Any]:
-    """runner_options from a command's options: each command asks the runtime the same way."""
+def runner_options_for(
+    runtime: str, settings: RuntimeSettings, feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None
+) -> dict[str, Any]:
+    """runner_options from a command's options: each command asks the runtime the same way. ``feeds`` gives the
+    inputs the run will feed, for TensorRT's optimization profile (asked only where TensorRT builds an engine)."""
+    tensorrt = None
+    if "TensorrtExecutionProvider" in resolve_providers(settings.providers):
+        from pe_export.runners.onnxrt import TensorrtBuild, shape_profile
+
+        profile = shape_profile(feeds()) if feeds is not None else None
+        tensorrt = TensorrtBuild(settings.trt_fp16, settings.trt_int8, settings.trt_cache, profile)
     return runner_options(
         runtime,
         threads=settings.threads,
@@ -162,6 +178,7 @@ def runner_options_for(runtime: str, settings: RuntimeSettings) -> dict[str, Any
         tf32=settings.tf32,
         gpu_precision=settings.gpu_precision,
         cpu_fallback=settings.cpu_fallback,
+        tensorrt=tensorrt,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -30,21 +32,86 @@ _ORT_TYPES = {
 }
 
 
-def session_providers(providers: list[str], tf32: bool) -> list[str | tuple[str, dict[str, str]]]:
-    """The providers argument of InferenceSession: names, with CUDA's TF32 switch set."""
-    return [(p, {"use_tf32": "1" if tf32 else "0"}) if p == "CUDAExecutionProvider" else p for p in providers]
+# TensorRT's optimization profile: each input's (min, opt, max) shape, from the shapes the run will feed.
+ShapeProfile = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class TensorrtBuild:
+    """How TensorRT builds its engine (TensorrtExecutionProvider's options): the precisions its layers may take
+    besides float32, where engines and timing data are cached between sessions, and the optimization profile."""
+
+    fp16: bool = False
+    int8: bool = False  # the file's Q/DQ scales (a static int8 ONNX); no calibration table
+    cache: str | None = None
+    profile: ShapeProfile | None = None
+
+    def provider_options(self) -> dict[str, str]:
+        options = {"trt_fp16_enable": _flag(self.fp16), "trt_int8_enable": _flag(self.int8)}
+        if self.int8:
+            options["trt_int8_use_native_calibration_table"] = "0"
+        if self.cache:  # an engine build takes minutes on a Jetson: parity's and bench's sessions share one
+            options.update(
+                trt_engine_cache_enable="1",
+                trt_engine_cache_path=self.cache,
+                trt_timing_cache_enable="1",
+                trt_timing_cache_path=self.cache,
+            )
+        if self.profile:
+            for index, bound in enumerate(("min", "opt", "max")):
+                options[f"trt_profile_{bound}_shapes"] = ",".join(
+                    f"{name}:{'x'.join(str(d) for d in shapes[index])}" for name, shapes in sorted(self.profile.items())
+                )
+        return options
+
+    def describe(self) -> str:
+        modes = [mode for mode, on in (("trt-fp16", self.fp16), ("trt-int8", self.int8)) if on]
+        return "".join(f" {mode}" for mode in modes) + (" engine-cache" if self.cache else "")
+
+
+def _flag(on: bool) -> str:
+    return "1" if on else "0"
+
+
+def shape_profile(feeds: list[dict[str, np.ndarray]]) -> ShapeProfile:
+    """Each input's smallest and largest shape over ``feeds`` (opt: the largest, what the timed calls run)."""
+    profile: ShapeProfile = {}
+    for feed in feeds:
+        for name, value in feed.items():
+            shape = tuple(int(d) for d in np.shape(value))
+            low, _, high = profile.get(name, (shape, shape, shape))
+            low = tuple(min(a, b) for a, b in zip(low, shape, strict=True))
+            high = tuple(max(a, b) for a, b in zip(high, shape, strict=True))
+            profile[name] = (low, high, high)
+    return profile
+
+
+def session_providers(
+    providers: list[str], tf32: bool, tensorrt: TensorrtBuild | None = None
+) -> list[str | tuple[str, dict[str, str]]]:
+    """The providers argument of InferenceSession: names, with CUDA's TF32 switch and TensorRT's build set."""
+    result: list[str | tuple[str, dict[str, str]]] = []
+    for provider in providers:
+        if provider == "CUDAExecutionProvider":
+            result.append((provider, {"use_tf32": "1" if tf32 else "0"}))
+        elif provider == "TensorrtExecutionProvider":
+            result.append((provider, (tensorrt or TensorrtBuild()).provider_options()))
+        else:
+            result.append(provider)
+    return result
 
 
 @register_runner("onnxruntime", (".onnx",))
 class OnnxRuntimeRunner(Runner):
     backend_module = "onnxruntime"
-    option_names: ClassVar[tuple[str, ...]] = ("providers", "tf32")
+    option_names: ClassVar[tuple[str, ...]] = ("providers", "tf32", "tensorrt")
 
     def __init__(
         self,
         *args: Any,
         providers: tuple[str, ...] = DEFAULT_PROVIDERS,
         tf32: bool = False,
+        tensorrt: TensorrtBuild | None = None,
         serialized: bytes | None = None,
         preserve_tensors: bool = False,
         **kwargs: Any,
@@ -55,6 +122,7 @@ class OnnxRuntimeRunner(Runner):
         super().__init__(*args, **kwargs)
         self.providers = resolve_providers(providers)
         self.tf32 = tf32
+        self.tensorrt = tensorrt or TensorrtBuild()
         self.serialized = serialized
         self.preserve_tensors = preserve_tensors
         self._session: Any = None
@@ -74,6 +142,12 @@ class OnnxRuntimeRunner(Runner):
                 f"(available: {', '.join(available)}); install onnxruntime-gpu for cuda/tensorrt "
                 "or pass --providers cpu"
             )
+        if "TensorrtExecutionProvider" in self.providers and self.tensorrt.cache:
+            try:
+                Path(self.tensorrt.cache).mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                reason = err.strerror or err
+                raise BadInputError(f"--trt-cache {self.tensorrt.cache}: cannot make the folder ({reason})") from None
         if "TensorrtExecutionProvider" in self.providers and not self.tf32:
             # Read when TensorRT builds the engine; a value the user set wins. Parity runs this in
             # its own child process, so only --no-isolate leaves it set in the caller's process.
@@ -89,7 +163,7 @@ class OnnxRuntimeRunner(Runner):
             self._session = ort.InferenceSession(
                 model,
                 sess_options=options,
-                providers=session_providers(self.providers, self.tf32),
+                providers=session_providers(self.providers, self.tf32, self.tensorrt),
             )
         except Exception as err:  # onnxruntime raises its own exception types per failure
             first_line = one_line(err)
@@ -135,6 +209,14 @@ class OnnxRuntimeRunner(Runner):
     exposes_intermediates = True
 
     @classmethod
+    def arithmetic_precision(cls, options: dict[str, Any]) -> str | None:
+        """TensorRT's int8 or fp16 build: its layers may run in that precision, judged by its tolerance."""
+        build = options.get("tensorrt")
+        if build is None or "TensorrtExecutionProvider" not in resolve_providers(options.get("providers", ())):
+            return None
+        return "int8" if build.int8 else "fp16" if build.fp16 else None
+
+    @classmethod
     def keeps_intermediates(cls, options: dict[str, Any]) -> bool:
         """The CPU provider only: TensorRT builds its engine around the graph's outputs and the CUDA provider runs
         fused kernels (onnxruntime's fusions stop at a value that is an output), so a value made an output there is
@@ -164,7 +246,9 @@ class OnnxRuntimeRunner(Runner):
     def describe(self) -> str:
         short = {v: k for k, v in PROVIDER_ALIASES.items()}
         gpu = any(p != "CPUExecutionProvider" for p in self.providers)
-        return f"onnxruntime[{','.join(short[p] for p in self.providers)}]" + (" tf32" if self.tf32 and gpu else "")
+        trt = self.tensorrt.describe() if "TensorrtExecutionProvider" in self.providers else ""
+        tf32 = " tf32" if self.tf32 and gpu else ""
+        return f"onnxruntime[{','.join(short[p] for p in self.providers)}]{tf32}{trt}"
 
     def deactivate(self) -> None:
         self._session = None

@@ -32,11 +32,12 @@ from pe_export.targets.jetson.tegrastats import Sample, mean_power_mw, parse_lin
 
 SAMPLE_INTERVAL_MS = 100
 IDLE_S = 3.0  # idle power is the mean over this long, before any model is loaded
-RUNS = (  # (label, file suffix, runtime, providers)
-    ("tflite cpu (xnnpack)", ".tflite", "litert", ()),
-    ("onnx tensorrt", ".onnx", "onnxruntime", ("tensorrt", "cuda", "cpu")),
-    ("onnx cuda", ".onnx", "onnxruntime", ("cuda", "cpu")),
-    ("onnx cpu", ".onnx", "onnxruntime", ("cpu",)),
+RUNS = (  # (label, file suffix, runtime, providers, TensorRT's float16 layers allowed)
+    ("tflite cpu (xnnpack)", ".tflite", "litert", (), False),
+    ("onnx tensorrt", ".onnx", "onnxruntime", ("tensorrt", "cuda", "cpu"), False),
+    ("onnx tensorrt fp16", ".onnx", "onnxruntime", ("tensorrt", "cuda", "cpu"), True),  # as Jetsons deploy it
+    ("onnx cuda", ".onnx", "onnxruntime", ("cuda", "cpu"), False),
+    ("onnx cpu", ".onnx", "onnxruntime", ("cpu",), False),
 )
 
 
@@ -138,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     environment["idle_power_mw"] = measure_idle(args.out / "tegrastats-idle.log", args.idle_s) if on_jetson else None
     results = []
     for model in args.models:
-        for label, suffix, runtime, providers in RUNS:
+        for label, suffix, runtime, providers, fp16 in RUNS:
             if model.suffix != suffix or (providers and providers[0] != "cpu" and not on_jetson):
                 continue
             settings = {**profile.bench, **{k: v for k, v in (("seq_len", args.seq_len), ("runs", args.runs)) if v}}
-            options = BenchOptions(runtime=runtime, providers=providers or ("cpu",), **settings)
+            tensorrt = {"trt_fp16": fp16, "trt_cache": str(args.out / "trt-cache")} if "tensorrt" in providers else {}
+            options = BenchOptions(runtime=runtime, providers=providers or ("cpu",), **settings, **tensorrt)
             log = args.out / f"tegrastats-{model.stem}-{re.sub(r'[^a-z0-9]+', '-', label).strip('-')}.log"
             with Tegrastats(log) as power:
                 window = TimedWindow(power)

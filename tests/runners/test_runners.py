@@ -39,6 +39,8 @@ def test_unavailable_provider_is_an_error_not_a_cpu_fallback(tmp_path: Path) -> 
         runner.activate()
 
 
+# TensorRT asked for no reduced precision: a float32 engine (tests/runners/test_tensorrt_options.py: the modes)
+FLOAT32_BUILD = ("TensorrtExecutionProvider", {"trt_fp16_enable": "0", "trt_int8_enable": "0"})
 GPU_ORT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
@@ -72,9 +74,7 @@ def test_gpu_providers_compute_float32_unless_tf32_is_asked(
     runner = create_runner("onnxruntime", tmp_path / "m.onnx", providers=("tensorrt", "cuda", "cpu"), tf32=tf32)
     runner.activate()
     flag = "1" if tf32 else "0"
-    assert gpu_onnxruntime == [
-        ["TensorrtExecutionProvider", ("CUDAExecutionProvider", {"use_tf32": flag}), "CPUExecutionProvider"]
-    ]
+    assert gpu_onnxruntime == [[FLOAT32_BUILD, ("CUDAExecutionProvider", {"use_tf32": flag}), "CPUExecutionProvider"]]
     assert os.environ.get(TF32_ENV) == (None if tf32 else "0")
     assert runner.describe() == "onnxruntime[tensorrt,cuda,cpu]" + (" tf32" if tf32 else "")
 
@@ -84,7 +84,7 @@ def test_tf32_variable_set_by_the_user_wins(
 ) -> None:
     monkeypatch.setenv(TF32_ENV, "1")
     create_runner("onnxruntime", tmp_path / "m.onnx", providers=("tensorrt", "cpu")).activate()
-    assert os.environ[TF32_ENV] == "1" and gpu_onnxruntime == [["TensorrtExecutionProvider", "CPUExecutionProvider"]]
+    assert os.environ[TF32_ENV] == "1" and gpu_onnxruntime == [[FLOAT32_BUILD, "CPUExecutionProvider"]]
 
 
 def test_runner_options_give_each_runtime_only_its_own_options() -> None:

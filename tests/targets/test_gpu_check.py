@@ -53,7 +53,7 @@ def test_without_a_gpu_the_examples_commands_fail_by_name(onnx_and_golden: tuple
         (tmp_path / name).symlink_to(target)
     lines = [line for line in shell_lines(EXAMPLE) if "desktop-cuda/check.sh" in line]
     assert len(lines) == 2, lines
-    steps = {}
+    steps, commands = {}, {}
     for line in lines:
         shutil.rmtree(tmp_path / "gpu-check", ignore_errors=True)
         done = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -62,14 +62,22 @@ def test_without_a_gpu_the_examples_commands_fail_by_name(onnx_and_golden: tuple
         report = json.loads((tmp_path / "gpu-check" / "report.json").read_text())
         assert report["passed"] is False and report["exit_code"] == 3
         steps[line] = [(s["step"], s["exit_code"], s["result"]) for s in report["steps"]]
+        commands.update({s["step"]: s["command"] for s in report["steps"]})
     default, cuda_only = steps.values()
     assert default == [
         ("parity-tensorrt-cuda", 3, None),
         ("bench-tensorrt-cuda", 3, None),
+        ("parity-tensorrt-cuda-fp16", 3, None),  # TensorRT as deployed: float16 layers allowed
+        ("bench-tensorrt-cuda-fp16", 3, None),
         ("parity-cuda", 3, None),
         ("bench-cuda", 3, None),
     ]
     assert cuda_only == [("parity-cuda", 3, None), ("bench-cuda", 3, None)]
+    for step in ("parity-tensorrt-cuda-fp16", "bench-tensorrt-cuda-fp16"):
+        assert "--trt-fp16" in commands[step] and "--trt-cache gpu-check/trt-cache" in commands[step]
+    assert "--trt-cache gpu-check/trt-cache" in commands["parity-tensorrt-cuda"]
+    assert "--trt" not in commands["parity-tensorrt-cuda"].replace("--trt-cache", "")
+    assert "--trt" not in commands["bench-cuda"]
 
 
 def test_cpu_provider_set_runs_parity_and_bench_for_real(onnx_and_golden: tuple[Path, Path], tmp_path: Path) -> None:

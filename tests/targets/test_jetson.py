@@ -216,6 +216,7 @@ def test_benchmark_on_a_jetson_records_power_and_keeps_the_logs(
     assert results["environment"]["jetson"] is True and results["environment"]["idle_power_mw"] == IDLE_MW
     runs = {r["run"]: r for r in results["runs"]}
     assert "tensorrt" in runs["onnx tensorrt"]["error"].lower() and "cuda" in runs["onnx cuda"]["error"].lower()
+    assert "tensorrt" in runs["onnx tensorrt fp16"]["error"].lower()  # the build as deployed, asked the same way
     cpu = runs["onnx cpu"]
     assert cpu["mean_power_mw"] == LOAD_MW and cpu["power_basis"] == "VDD_IN"
     # Only the samples taken during the timed runs: the log also holds those of start-up, load and warm-up.
