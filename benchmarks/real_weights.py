@@ -2,7 +2,7 @@
 each judged on real sentences (worst sentence's cosine of mean-pooled embeddings against float32
 TensorFlow, one sentence per call, unpadded), with file bytes and p50 latency (batch 1, one thread).
 
-    python benchmarks/real_weights.py [--runs 100]
+    python benchmarks/real_weights.py [--runs 100] [--formats tflite onnx]
 
 Two cosines: on the 8 sentences the export was given with --text (what it calibrated, smoothed and
 judged on), and on 12 held-out sentences it never saw, the shortest a 3-token "yes". pe-export's
@@ -43,7 +43,8 @@ VARIANTS = (  # label, format, options beyond --text; None: the runtime's own de
     ("dynamic-int8", "tflite", {"quantize": "dynamic-int8"}),
     ("dynamic-int8 --min-cosine 0.999", "tflite", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
     ("fp32", "onnx", {}),
-    ("float16", "onnx", {"quantize": "float16"}),
+    ("float16 (float16 arithmetic)", "onnx", {"quantize": "float16"}),
+    ("weight-float16 (storage only)", "onnx", {"quantize": "weight-float16"}),
     ("--compress 64", "onnx", {"tables": TableOptions(compress=64)}),
     ("dynamic-int8", "onnx", {"quantize": "dynamic-int8"}),
     ("dynamic-int8 --min-cosine 0.999", "onnx", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
@@ -120,6 +121,7 @@ def runtime_default(target: str, saved: Path, fp32: Path, output: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--formats", nargs="+", choices=sorted(RUNNERS), default=sorted(RUNNERS, reverse=True))
     args = parser.parse_args()
     tf = import_tensorflow()
     saved, tokenizer, sentences = minilm()
@@ -137,6 +139,8 @@ def main() -> None:
     )
     base: dict[str, tuple[int, float]] = {}
     for index, (label, target, extra) in enumerate(VARIANTS):
+        if target not in args.formats:
+            continue
         path = work / f"{index}.{target}"
         if extra is None:
             runtime_default(target, saved, work / f"{VARIANTS.index(('fp32', target, {}))}.{target}", path)

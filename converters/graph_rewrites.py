@@ -304,6 +304,58 @@ def int64_ops_through_int32(graph_def: Any) -> tuple[Any, int]:
     return _rewrite_nodes(graph_def, targets, through_int32), len(targets)
 
 
+def shrinking_slices_as_squeeze(graph_def: Any) -> tuple[Any, int]:
+    """A copy of ``graph_def`` where a StridedSlice that drops axes (``x[:, 0]``: a shrink_axis_mask, the pooler's
+    first token) keeps them as length 1 and a Squeeze drops them: the same values; LiteRT's GPU accelerator
+    refuses the mask ("Slice does not support shrink_axis_mask parameter"). Only where begin, end and strides are
+    constants and no ellipsis or new axis is asked. Returns (graph, count)."""
+    nodes = {node.name: node for node in graph_def.node}
+    plans: dict[str, tuple[np.ndarray, int, list[int]]] = {}
+    for node in graph_def.node:
+        shrink = node.attr["shrink_axis_mask"].i if node.op == "StridedSlice" else 0
+        if not shrink or node.attr["ellipsis_mask"].i or node.attr["new_axis_mask"].i:
+            continue
+        vectors = [_static_vector(name, nodes) for name in node.input[1:4]]
+        if any(vector is None for vector in vectors):
+            continue
+        begin, end, strides = (np.asarray(v).astype(np.int64) for v in vectors)
+        axes = [axis for axis in range(len(begin)) if shrink >> axis & 1]
+        end_mask = node.attr["end_mask"].i
+        for axis in axes:  # a kept axis of length 1: [b, b + 1), or [-1, end of the axis)
+            if strides[axis] != 1:
+                break
+            if begin[axis] == -1:
+                end_mask |= 1 << axis
+            else:
+                end[axis] = begin[axis] + 1
+        else:
+            plans[node.name] = (end, end_mask, axes)
+    if not plans:
+        return graph_def, 0
+
+    def squeezed(rewritten: Any, node: Any) -> None:
+        end, end_mask, axes = plans[node.name]
+        index_type = node.attr["Index"].type
+        kept = rewritten.node.add()
+        kept.CopyFrom(node)
+        kept.name = f"{node.name}/kept_axes"
+        dtype = np.int64 if index_type == DT_INT64 else np.int32
+        end_node = _const(rewritten.node.add(), f"{node.name}/kept_axes/end", end.astype(dtype), index_type)
+        kept.input[2] = end_node.name
+        kept.attr["shrink_axis_mask"].i = 0
+        kept.attr["end_mask"].i = end_mask
+        squeeze = rewritten.node.add()  # takes the slice's name: its consumers need no rewiring
+        squeeze.name, squeeze.op = node.name, "Squeeze"
+        squeeze.input.append(kept.name)
+        squeeze.attr["T"].type = node.attr["T"].type
+        squeeze.attr["squeeze_dims"].list.i.extend(axes)
+        for made in (kept, end_node, squeeze):
+            if node.device:
+                made.device = node.device
+
+    return _rewrite_nodes(graph_def, set(plans), squeezed), len(plans)
+
+
 def _rewrite_nodes(graph_def: Any, targets: set[str], emit: Callable[[Any, Any], None]) -> Any:
     """A copy of ``graph_def`` in which ``emit(graph, node)`` writes the replacement of each target node."""
     from tensorflow.core.framework import graph_pb2

@@ -16,6 +16,7 @@ from pe_export.converters.graph_rewrites import (
     int64_ops_through_int32,
     new_axis_slices_to_expand_dims,
     prefix_slices_to_slice,
+    shrinking_slices_as_squeeze,
 )
 from pe_export.converters.keep_float import JudgeFeeds
 from pe_export.converters.options import ExportOptions
@@ -95,7 +96,8 @@ def _convert_with_rewrites(
     """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
     loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
-    fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables)
+    fixed = all(None not in spec.shape for spec in source.frozen.specs)
+    fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables, fixed)
     try:
         if preconverted is not None and fast is None and source.converts_saved_model:
             data, log, _ = preconverted
@@ -138,15 +140,31 @@ def _convert_with_rewrites(
 REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
 
 
-def _speed_rewrites(graph_def: Any, rebuilt: Collection[str]) -> tuple[Any | None, list[str]]:
-    """Rewrites for faster kernels: (the rewritten GraphDef, its notes), or (None, []) when none applies."""
+def _speed_rewrites(graph_def: Any, rebuilt: Collection[str], fixed_shapes: bool) -> tuple[Any | None, list[str]]:
+    """Rewrites for faster kernels: (the rewritten GraphDef, its notes), or (None, []) when none applies.
+    ``fixed_shapes``: every input's shape is fixed, as LiteRT's GPU accelerator needs (its slices then drop no axis;
+    a dynamic export keeps the converter's own SavedModel importer, which needs less memory).
+
+    Not done: table lookups by flat indices (Reshape → GATHER with 1-D indices → Reshape), which the accelerator
+    takes. The demo encoder then ran fully on it and passed, but all-MiniLM-L6-v2 came out wrong under lavapipe from
+    its first layer on (embeddings_add, named by `parity --layers`; cosine 0.02) while each lookup alone, up to
+    30,522 rows, was exact: its GATHERs stay on the CPU (--cpu-fallback) and the file stays right."""
+    notes = []
     graph_def, count = prefix_slices_to_slice(graph_def, rebuilt)
-    if not count:
-        return None, []
-    return graph_def, [
-        f"{count} prefix slice(s) of a table (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE "
-        "kernel copies element by element (20x slower on a large table)"
-    ]
+    if count:
+        notes.append(
+            f"{count} prefix slice(s) of a table (table[:, :T]) converted as SLICE: TFLite's STRIDED_SLICE "
+            "kernel copies element by element (20x slower on a large table)"
+        )
+    if fixed_shapes:
+        graph_def, squeezed = shrinking_slices_as_squeeze(graph_def)
+        if squeezed:
+            notes.append(
+                f"{squeezed} slice(s) that drop an axis (x[:, 0]) keep it and squeeze it: LiteRT's GPU accelerator "
+                "refuses a slice's shrink mask"
+            )
+        count += squeezed
+    return (graph_def, notes) if count else (None, [])
 
 
 def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:

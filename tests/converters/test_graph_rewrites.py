@@ -3,6 +3,7 @@ Slice (a fast kernel); the same values in TensorFlow either way."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,48 @@ def test_a_dynamic_length_table_exports_as_slice(tmp_path: Path) -> None:
     assert small.tables[0].method == "angle" and small.parity.positions == 512
     assert any(note.startswith("1 prefix slice(s) of a table") for note in small.notes), small.notes
     assert inspect_path(tmp_path / "c.tflite").op_counts["SLICE"] == 1
+
+
+# (spelling, function, slices it rewrites): an axis dropped by a constant index keeps it, then squeezes it
+SHRINKING: list[tuple[str, Callable[[Any], Any], int]] = [
+    ("x[:, 0]", lambda x: x[:, 0], 1),  # the pooler's first token
+    ("x[:, -1]", lambda x: x[:, -1], 1),
+    ("x[1, :, 2]", lambda x: x[1, :, 2], 1),
+    ("x[:, 0, 1:3]", lambda x: x[:, 0, 1:3], 1),
+    ("x[:, ::2, 0]", lambda x: x[:, ::2, 0], 1),
+    ("x[..., 0]", lambda x: x[..., 0], 0),  # an ellipsis: left as it is
+    ("x[:, 1:]", lambda x: x[:, 1:], 0),  # nothing dropped
+]
+
+
+@pytest.mark.parametrize(("spelling", "function", "expected"), SHRINKING, ids=[s[0] for s in SHRINKING])
+def test_a_slice_that_drops_an_axis_keeps_it_and_squeezes(
+    spelling: str, function: Callable[[Any], Any], expected: int
+) -> None:
+    from pe_export.converters.graph_rewrites import shrinking_slices_as_squeeze
+
+    graph_def, feed, fetch = frozen_graph(function)
+    rewritten, count = shrinking_slices_as_squeeze(graph_def)
+    assert count == expected
+    value = np.random.default_rng(0).normal(size=(3, 5, 4)).astype(np.float32)
+    want = run_graph(graph_def, feed, fetch, value)
+    got = run_graph(rewritten, feed, fetch, value)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    if expected:
+        masks = [n.attr["shrink_axis_mask"].i for n in rewritten.node if n.op == "StridedSlice"]
+        assert masks and not any(masks) and any(n.op == "Squeeze" for n in rewritten.node)
+
+
+def test_a_fixed_shape_export_has_no_slice_the_gpu_refuses(tmp_path: Path) -> None:
+    """The trained demo encoder at batch 1 x 16: its slices that drop an axis were STRIDED_SLICEs with a shrink mask,
+    which LiteRT's GPU accelerator refuses; exported at fixed shapes each keeps the axis, then a squeeze drops it.
+    (Its embedding GATHER still falls back: docs/devices.md.) A dynamic export keeps the converter's own path."""
+    from pe_export.encoders import task
+
+    model = tmp_path / "encoder"
+    task.load_trained_model().export(str(model), verbose=False)
+    report = export_tflite(model, tmp_path / "fixed.tflite", ExportOptions(batch=1, seq_len=16))
+    assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
+    assert any(re.match(r"[1-9]\d* slice\(s\) that drop an axis .* keep it and squeeze it", n) for n in report.notes)
+    dynamic = export_tflite(model, tmp_path / "dynamic.tflite", ExportOptions())
+    assert not any("squeeze" in note for note in dynamic.notes)
