@@ -72,7 +72,7 @@ class KeepFloatOutcome:
                 f"{self.mode}: {before}all {self.candidates} {what} {done}, worst cosine {self.cosine:.6f} against "
                 f"the float model {CHOSEN_ON}"
             ]
-        names = ", ".join(_short(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
+        names = ", ".join(short_name(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
             f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in {kept_as}, the most "
@@ -319,7 +319,7 @@ def resolve_asked(requested: tuple[str, ...], candidates: list[str], what: str =
     for wanted in requested:
         found = [c for c in candidates if c == wanted or _layer_path_in(wanted, c.split("#")[0])]
         if not found:
-            examples = ", ".join(sorted({_short(c) for c in candidates})[:6])
+            examples = ", ".join(sorted({short_name(c) for c in candidates})[:6])
             raise BadInputError(
                 f"--keep-float {wanted!r} names no {what} of this file; expected its name or a layer path in one "
                 f"({len(candidates)} of them, e.g. {examples})"
@@ -341,6 +341,7 @@ def _layer_path_in(path: str, name: str) -> bool:
     )
 
 
-def _short(name: str) -> str:
+def short_name(name: str) -> str:
+    """A graph name's last two scopes, without the wrappers every traced name carries."""
     parts = [p for p in name.split("/") if p not in ("StatefulPartitionedCall", "Tensordot", "einsum")]
     return "/".join(parts[-2:])

@@ -225,7 +225,7 @@ def float16_to_target(
     and why."""
     import onnx
 
-    from pe_export.converters.keep_float import Judging, keep_float_to_target, resolve_asked
+    from pe_export.converters.keep_float import Judging, keep_float_to_target, resolve_asked, short_name
     from pe_export.converters.onnx_quantize import _each_output, _run, named_apart
 
     prepared = onnx.ModelProto()
@@ -263,7 +263,7 @@ def float16_to_target(
         f"float16: {len(plan.float16)} of {len(plan.float16) + len(plan.float32)} nodes compute in float16 "
         f"({in_float16} of {matmuls} MatMul/Gemm); float32 where a value passed float16's safe range "
         f"({FLOAT16_SAFE_MAX:g}) on the inputs measured ({len(out_of_range)} node(s): "
-        f"{', '.join(_short(n) for n in out_of_range[:3])}{', …' if len(out_of_range) > 3 else ''}), "
+        f"{', '.join(short_name(n) for n in out_of_range[:3])}{', …' if len(out_of_range) > 3 else ''}), "
         "where the op is not arithmetic (shapes, comparisons, casts), and where the search kept it; float32 at the "
         "file's inputs and outputs"
     )
@@ -274,8 +274,3 @@ def _weight_bytes(model: Any) -> dict[str, int]:
     """Float32 bytes of the constant inputs each node reads (what keeping it float32 costs over float16)."""
     sizes = {init.name: int(np.prod(init.dims)) * 4 for init in model.graph.initializer if init.data_type == FLOAT}
     return {node.name: sum(sizes.get(name, 0) for name in node.input) for node in model.graph.node}
-
-
-def _short(name: str) -> str:
-    parts = [p for p in name.split("/") if p not in ("StatefulPartitionedCall", "Tensordot")]
-    return "/".join(parts[-2:])
