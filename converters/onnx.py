@@ -223,7 +223,7 @@ def _float16_arithmetic(model: Any, options: ExportOptions, judge: JudgeFeeds | 
         from pe_export.converters.onnx_float16 import float16_to_target
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
-    feeds, valid, sequence = judge() if judge is not None else ([], [], None)  # options.validate refuses none
+    feeds, valid, sequence = judge() if judge is not None else ([], [], None)  # api.py always gives float16 them
     model, said = float16_to_target(model, feeds, options.tolerance, valid, sequence, keep=options.keep_float)
     notes.extend(said)
     return model

@@ -24,8 +24,8 @@ import numpy as np
 
 from pe_export.parity.tolerances import Tolerance
 
-# Ops whose float inputs and outputs may all be float16 (every float input of one node takes the same type,
-# except where ``_MIXED_INPUTS`` says), with onnxruntime kernels or its automatic casts on every provider.
+# Ops whose float inputs and outputs may all be float16 (every float input of one node then takes the same type),
+# with onnxruntime kernels or its automatic casts on every provider.
 FLOAT16_OPS = frozenset(
     {
         "Abs", "Add", "Concat", "Div", "Einsum", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gemm",
@@ -75,8 +75,6 @@ def plan_float16(
     """The precision of every node: ``peaks`` gives each float tensor's largest magnitude on the captured inputs
     (a tensor never captured counts as out of range: nothing is known of it); ``keep_float32`` names nodes the
     search keeps float32."""
-    from onnx import numpy_helper
-
     types = types if types is not None else float_tensors(model)
     constants = {init.name: init for init in model.graph.initializer}
     kept = set(keep_float32)
@@ -92,11 +90,9 @@ def plan_float16(
             reason = "no float tensor"
         else:
             for name in floats:
-                if name in constants:
-                    values = numpy_helper.to_array(constants[name])
-                    peak = float(np.abs(values).max()) if values.size else 0.0
-                else:
-                    peak = peaks.get(name, np.inf)
+                peak = peaks.get(name)
+                if peak is None:  # a constant captured_peaks did not measure (a caller's own peaks)
+                    peak = constant_peak(constants[name]) if name in constants else np.inf
                 if not peak <= FLOAT16_SAFE_MAX:
                     reason = f"{name} reaches {peak:.3g}, beyond float16's safe range"
                     break
@@ -162,12 +158,13 @@ class _Retyping:
         from onnx import helper, numpy_helper
 
         if name in self.constants:
-            if wanted == FLOAT or name in self.stored:
-                return self.stored.get(name, name) if wanted == FLOAT16 else name
-            half = numpy_helper.from_array(numpy_helper.to_array(self.constants[name]).astype(np.float16))
-            half.name = self.stored[name] = f"{name}__fp16"
-            self.graph.initializer.append(half)
-            return half.name
+            if wanted == FLOAT:
+                return name
+            if name not in self.stored:
+                half = numpy_helper.from_array(numpy_helper.to_array(self.constants[name]).astype(np.float16))
+                half.name = self.stored[name] = f"{name}__fp16"
+                self.graph.initializer.append(half)
+            return self.stored[name]
         if self.precision.get(name, FLOAT) == wanted:  # graph inputs are float32
             return name
         if (name, wanted) not in self.casts:
@@ -177,14 +174,25 @@ class _Retyping:
         return self.casts[(name, wanted)]
 
 
+def constant_peak(constant: Any) -> float:
+    """A float constant's largest magnitude (0 for an empty one)."""
+    from onnx import numpy_helper
+
+    values = numpy_helper.to_array(constant)
+    return float(np.abs(values).max()) if values.size else 0.0
+
+
 def captured_peaks(
-    model: Any, feeds: list[dict[str, np.ndarray]], run: Callable[..., Iterable[dict[str, np.ndarray]]]
+    model: Any,
+    feeds: list[dict[str, np.ndarray]],
+    run: Callable[..., Iterable[dict[str, np.ndarray]]],
+    types: dict[str, int] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, np.ndarray]]]:
-    """Each float tensor's largest magnitude over ``feeds`` (``run(model, feeds, names)``, one feed at a time),
-    and the model's outputs on them."""
+    """Each float tensor's largest magnitude over ``feeds`` (``run(model, feeds, names)``, one feed at a time) and
+    each float constant's, measured once for every plan the search makes; and the model's outputs on ``feeds``."""
     from pe_export.converters.onnx_smooth import _with_outputs
 
-    types = float_tensors(model)
+    types = types if types is not None else float_tensors(model)
     constants = {init.name for init in model.graph.initializer}
     names = sorted(
         {
@@ -196,6 +204,9 @@ def captured_peaks(
     )
     outputs = [output.name for output in model.graph.output]
     peaks: dict[str, float] = defaultdict(float)
+    for init in model.graph.initializer:
+        if init.data_type == FLOAT:
+            peaks[init.name] = constant_peak(init)
     for feed in feeds:  # float inputs of the file
         for name, values in feed.items():
             if types.get(name) == FLOAT and np.size(values):
@@ -228,13 +239,13 @@ def float16_to_target(
     from pe_export.converters.keep_float import Judging, keep_float_to_target, resolve_asked, short_name
     from pe_export.converters.onnx_quantize import _each_output, _run, named_apart
 
+    if not feeds:  # the export always gives them (pe_export/api.py), --no-verify or not
+        raise ValueError("float16 arithmetic needs inputs to measure the graph's values on")
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     named_apart(prepared.graph)  # the plan and the search name nodes
     types = float_tensors(prepared)
-    if not feeds:  # nothing measured: no tensor is known to stay in range, so only constants decide
-        raise ValueError("float16 arithmetic needs inputs to measure the graph's values on")
-    peaks, expected = captured_peaks(prepared, feeds, _each_output)
+    peaks, expected = captured_peaks(prepared, feeds, _each_output, types)
     first = plan_float16(prepared, peaks, types=types)
     asked = resolve_asked(keep, sorted(first.float16), "float16 node")
 

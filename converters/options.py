@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pe_export.constants import (
     DEFAULT_ONNX_OPSET,
+    KEEP_FLOAT_MODES,
     MAX_BATCH,
     MAX_ONNX_OPSET,
     MAX_SEQ_LEN,
@@ -66,14 +67,15 @@ class ExportOptions:
                 f"--holdout {self.holdout} needs --text or --inputs: it holds out samples of the same form "
                 "(sentences, or arrays by input name) from the choices they judge"
             )
-        searching = file_format == "onnx" and self.quantize == "float16"  # keeps nodes float32 by measurement
-        if self.keep_float and self.quantize != "dynamic-int8" and not searching:
+        searching = self.quantize in KEEP_FLOAT_MODES[file_format]
+        if self.keep_float and not searching:
             raise BadInputError(
                 f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float) and ONNX's "
                 f"--quantize float16 (the nodes kept float32), not --quantize {self.quantize} for {file_format}; "
                 "pass one of those or drop --keep-float"
             )
-        if self.keep_float and not self.verify and not searching:
+        # dynamic-int8's search runs with the verification; float16's measures whatever is asked (pe_export/api.py)
+        if self.keep_float and not self.verify and self.quantize == "dynamic-int8":
             raise BadInputError(
                 "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
             )

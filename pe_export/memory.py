@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pe_export.constants import KEEP_FLOAT_MODES
 from pe_export.errors import BadInputError
 
 FIXED_BYTES = 1_000_000_000  # TensorFlow, the converter and a runtime loaded, before any weight
@@ -22,7 +23,6 @@ QUANTIZED_EXTRA = 1.0  # dynamic int8: the float file's conversion, once more th
 TFLITE_MAX_BYTES = 2**31 - 1  # flatbuffers use 32-bit signed offsets
 # The largest file a mode writes per float32 weight byte: dynamic-int8's search reads the float32 file of
 # the same graph beside its int8 one.
-SEARCHING_ONNX_MODES = ("dynamic-int8", "float16")  # run the model from bytes while they choose
 TFLITE_BYTES_PER_WEIGHT_BYTE = {"none": 1.0, "float16": 0.5, "dynamic-int8": 1.0, "int8": 0.25}
 ONNX_BYTES_PER_MESSAGE = 2**31 - 2**24  # protobuf's 2 GiB, less room for metadata embedded later
 _GB = 1e9
@@ -72,7 +72,7 @@ def check_onnx_size(weights: int, quantize: str) -> None:
     """Refuse, in one line, the ONNX modes that cannot go past 2 GiB: dynamic-int8's and float16's searches run
     the model from bytes in onnxruntime. Float32, weight-float16 and weight-int8 files go past it with external
     data."""
-    if quantize not in SEARCHING_ONNX_MODES or weights <= ONNX_BYTES_PER_MESSAGE:
+    if quantize not in KEEP_FLOAT_MODES["onnx"] or weights <= ONNX_BYTES_PER_MESSAGE:
         return
     raise BadInputError(
         f"this model's weights come to {weights / 2**30:.2f} GiB of float32 and --quantize {quantize} for ONNX "
@@ -109,7 +109,7 @@ def available_memory() -> int | None:
 
 
 def estimate(weights: int, file_format: str, quantize: str, available: int | None = None) -> MemoryEstimate:
-    plain = ("none", "float16", "weight-float16") if file_format == "tflite" else ("none", "weight-float16")
+    plain = ("none", "float16") if file_format == "tflite" else ("none", "weight-float16")
     factor = PEAK_PER_WEIGHT_BYTE[file_format] + (QUANTIZED_EXTRA if quantize not in plain else 0.0)
     needed = FIXED_BYTES + int(factor * weights)
     return MemoryEstimate(weights, needed, available_memory() if available is None else available)
