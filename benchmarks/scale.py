@@ -1,7 +1,8 @@
 """Export cost at the sizes users ship, side by side with the bare converters: wall time and the peak resident
 memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
 
-    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--cap-gb 21]
+    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--float16]
+                               [--cap-gb 21]
                                [--repeat 3]
 
 Random-init keras-hub BertBackbones built in code (weights drawn from a seeded normal so no two are equal, as
@@ -50,8 +51,10 @@ BARE_TFLITE = """
 import sys, tensorflow as tf
 converter = tf.lite.TFLiteConverter.from_saved_model(sys.argv[1])
 converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
-if sys.argv[3] == "dynamic-int8":
+if sys.argv[3] in ("dynamic-int8", "float16"):
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
+if sys.argv[3] == "float16":
+    converter.target_spec.supported_types = [tf.float16]
 open(sys.argv[2], "wb").write(converter.convert())
 """
 
@@ -199,6 +202,9 @@ def main() -> None:
         help=f"also --quantize dynamic-int8, plain and with --min-cosine {STRICT_COSINE} (a target all-int8 misses, "
         "so the keep-float search runs)",
     )
+    parser.add_argument(
+        "--float16", action="store_true", help="also --quantize float16 (TFLite: beside the converter's own)"
+    )
     parser.add_argument("--cap-gb", type=float, default=21.0)
     parser.add_argument(
         "--repeat",
@@ -210,6 +216,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep SavedModels here between runs")
     args = parser.parse_args()
     modes = ["none", "dynamic-int8", f"dynamic-int8 --min-cosine {STRICT_COSINE}"] if args.int8 else ["none"]
+    modes += ["float16"] if args.float16 else []  # ONNX: float16 arithmetic (its measured plan), against fp32
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
