@@ -20,6 +20,7 @@ from pe_export.converters.onnx_float16 import (
     plan_float16,
     to_float16,
 )
+from tests.helpers import onnx_model
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -51,7 +52,7 @@ def small_graph(big: float) -> Any:
         ],
         [weight, scale, bias, sentinel],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 def each_output(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str]) -> Iterator[dict[str, np.ndarray]]:
@@ -169,7 +170,7 @@ def scaling_graph() -> Any:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
         constants,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx_model(graph)
 
 
 def test_the_search_keeps_float32_the_node_float16_loses() -> None:
