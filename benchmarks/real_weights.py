@@ -2,12 +2,16 @@
 each judged on real sentences (worst sentence's cosine of mean-pooled embeddings against float32
 TensorFlow, one sentence per call, unpadded), with file bytes and p50 latency (batch 1, one thread).
 
-    python benchmarks/real_weights.py [--runs 100] [--formats tflite onnx]
+    python benchmarks/real_weights.py [--runs 100] [--formats tflite onnx] [--sentences varied] [--only int8]
 
-Two cosines: on the 8 sentences the export was given with --text (what it calibrated, smoothed and
-judged on), and on 12 held-out sentences it never saw, the shortest a 3-token "yes". pe-export's
-int8 rows are set beside the converters' own defaults: the TFLite converter's dynamic-range mode and
-onnxruntime's `quantize_dynamic` with its default per-tensor weights.
+Two cosines: on the sentences the export was given with --text (what it calibrated, smoothed and
+judged on), and on held-out sentences it never saw. ``--sentences suite``: the suite's 8 and 12 (the
+shortest a 3-token "yes"); ``--sentences varied``: benchmarks/data's 48 and 32 (issue 25's flow), the 32
+also passed as --holdout, which judges int8's choices and gates the file (a file its gate refuses, exit 1,
+is measured as --keep-failed keeps it). pe-export's int8 rows are set beside the converters' own
+defaults: the TFLite converter's dynamic-range mode and onnxruntime's `quantize_dynamic` with its default
+per-tensor weights. ``--only TEXT`` keeps the rows whose label holds
+TEXT (and each format's fp32 row, the base of the ratios).
 """
 
 from __future__ import annotations
@@ -46,11 +50,31 @@ VARIANTS = (  # label, format, options beyond --text; None: the runtime's own de
     ("float16 (float16 arithmetic)", "onnx", {"quantize": "float16"}),
     ("weight-float16 (storage only)", "onnx", {"quantize": "weight-float16"}),
     ("--compress 64", "onnx", {"tables": TableOptions(compress=64)}),
+    ("dynamic-int8 --outlier-channels 0", "onnx", {"quantize": "dynamic-int8", "outlier_channels": 0}),
     ("dynamic-int8", "onnx", {"quantize": "dynamic-int8"}),
+    (
+        "dynamic-int8 --outlier-channels 0 --min-cosine 0.999",
+        "onnx",
+        {"quantize": "dynamic-int8", "min_cosine": 0.999, "outlier_channels": 0},
+    ),
     ("dynamic-int8 --min-cosine 0.999", "onnx", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
     ("weight-int8 (storage only)", "onnx", {"quantize": "weight-int8"}),
     ("onnxruntime quantize_dynamic default", "onnx", None),
 )
+
+
+DATA = REPO / "benchmarks" / "data"
+
+
+def sentence_sets(which: str, work: Path) -> tuple[Path, tuple[str, ...], Path | None, tuple[str, ...]]:
+    """(--text file, its sentences, --holdout file or None, held-out sentences) of ``--sentences``."""
+    if which == "suite":
+        given = work / "given.txt"
+        given.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+        return given, SENTENCES, None, HELD_OUT
+    calibration, held_out = DATA / "varied_calibration.txt", DATA / "varied_held_out.txt"
+    lines = [tuple(p.read_text(encoding="utf-8").splitlines()) for p in (calibration, held_out)]
+    return calibration, lines[0], held_out, lines[1]
 
 
 def sentence_feeds(tokenizer: Path, sentences: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
@@ -88,11 +112,18 @@ with create_runner(runtime, path, threads=1) as runner:
 """
 
 
-def measure(path: Path, runtime: str, feeds: list[dict[str, np.ndarray]], runs: int) -> tuple[list[np.ndarray], float]:
+def timed_feed(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The sentence p50 is timed on: the given one of median length (a 2-token "ok" times the runtime's call)."""
+    return sorted(feeds, key=lambda feed: feed["token_ids"].shape[1])[len(feeds) // 2]
+
+
+def measure(
+    path: Path, runtime: str, feeds: list[dict[str, np.ndarray]], timed: dict[str, np.ndarray], runs: int
+) -> tuple[list[np.ndarray], float]:
     with create_runner(runtime, path, threads=1) as runner:
         outputs = [runner.infer(feed)["sequence_output"] for feed in feeds]
     feed = path.with_suffix(".feed.npz")
-    np.savez(feed, **feeds[1])
+    np.savez(feed, **timed)
     timed = subprocess.run(
         [sys.executable, "-c", TIMING, str(path), runtime, str(feed), str(runs)],
         capture_output=True,
@@ -122,24 +153,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--formats", nargs="+", choices=sorted(RUNNERS), default=sorted(RUNNERS, reverse=True))
+    parser.add_argument("--sentences", choices=("suite", "varied"), default="suite")
+    parser.add_argument("--only", default=None, help="rows whose label holds this text (and fp32)")
     args = parser.parse_args()
     tf = import_tensorflow()
-    saved, tokenizer, sentences = minilm()
-    given, held_out = sentence_feeds(tokenizer, SENTENCES), sentence_feeds(tokenizer, HELD_OUT)
+    saved, tokenizer, _ = minilm()
+    work = Path(tempfile.mkdtemp(prefix="pe-export-real-"))
+    sentences, given_text, holdout, held_out_text = sentence_sets(args.sentences, work)
+    given, held_out = sentence_feeds(tokenizer, given_text), sentence_feeds(tokenizer, held_out_text)
     signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
     reference = [
         signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()
         for feed in given + held_out
     ]
     text = TextInputs(sentences, tokenizer)
-    work = Path(tempfile.mkdtemp(prefix="pe-export-real-"))
+    timed = timed_feed(given)
     print(
-        f"{'format':<7} {'variant':<38} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
+        f"sentences: {len(given)} given with --text, {len(held_out)} held out ({args.sentences}); p50 on one of "
+        f"{timed['token_ids'].shape[1]} tokens, batch 1, one thread"
+    )
+    print(
+        f"{'format':<7} {'variant':<52} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
         f"{'p50 ms':>8} {'× fp32':>7}"
     )
     base: dict[str, tuple[int, float]] = {}
     for index, (label, target, extra) in enumerate(VARIANTS):
-        if target not in args.formats:
+        if target not in args.formats or (args.only and args.only not in label and label != "fp32"):
             continue
         path = work / f"{index}.{target}"
         if extra is None:
@@ -147,16 +186,23 @@ def main() -> None:
             code = "-"
         else:
             export = export_tflite if target == "tflite" else export_onnx
+            options = ExportOptions(text=text, holdout=holdout, keep_failed=True, **extra)
             try:
-                code = str(int(export(saved, path, ExportOptions(text=text, **extra)).exit_code))
+                code = str(int(export(saved, path, options).exit_code))
             except PeExportError as err:
                 code = str(int(err.exit_code))
-        outputs, p50 = measure(path, RUNNERS[target], given + held_out, args.runs)
+            failed = path.with_name(f"{path.stem}.FAILED{path.suffix}")  # refused by its gate: kept to be measured
+            if not path.exists() and failed.exists():
+                path = failed
+            if not path.exists():
+                print(f"{target:<7} {label:<52} {code:>4} (nothing written)", flush=True)
+                continue
+        outputs, p50 = measure(path, RUNNERS[target], given + held_out, timed, args.runs)
         size = path.stat().st_size
         base.setdefault(target, (size, p50))
         cut = len(given)
         print(
-            f"{target:<7} {label:<38} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x "
+            f"{target:<7} {label:<52} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x "
             f"{worst_cosine(outputs[:cut], reference[:cut]):>10.7f} "
             f"{worst_cosine(outputs[cut:], reference[cut:]):>10.7f} {p50:>8.2f} {p50 / base[target][1]:>6.2f}x",
             flush=True,

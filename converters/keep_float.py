@@ -57,13 +57,15 @@ class KeepFloatOutcome:
     runs: int = 0  # quantized files built and run by the search
     asked: list[str] = field(default_factory=list)  # kept float because --keep-float named them (among kept_float)
     verdicts: int = 0  # of which run on every judging input (the others on the probe's few rows)
-    float_bytes: int = 0  # bytes the kept weights cost over int8 (4 B a value instead of 1)
+    float_bytes: int = 0  # bytes the kept weights cost over the mode (int8: 1 B a value; kept: ``kept_bytes``)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
     mode: str = "int8"  # what the kept weights are kept out of, for the note: int8, or float16's arithmetic
+    kept_bytes: int = 4  # bytes a kept weight's value is stored in: 4 (float32), 2 (float16 storage, cast on load)
 
     def notes(self, what: str) -> list[str]:
         float16 = self.mode == "float16"
         done, kept_as, files = ("in float16", "float32", "float16") if float16 else ("quantized", "float", "quantized")
+        stored = " (float16 storage, float32 arithmetic)" if not float16 and self.kept_bytes == 2 else ""
         before = "".join(f"{step}; " for step in self.steps)
         if self.asked:
             before += f"{len(self.asked)} kept in {kept_as} as --keep-float asked; "
@@ -75,10 +77,10 @@ class KeepFloatOutcome:
         names = ", ".join(short_name(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
-            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in {kept_as}, the most "
-            f"sensitive per weight byte first ({names}; +{self.float_bytes:,} B over {self.mode}; {self.runs} {files} "
-            f"files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} against the float model "
-            f"{CHOSEN_ON}, which {verdict} the target"
+            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in {kept_as}{stored}, "
+            f"the most sensitive per weight byte first ({names}; +{self.float_bytes:,} B over {self.mode}; "
+            f"{self.runs} {files} files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} "
+            f"against the float model {CHOSEN_ON}, which {verdict} the target"
         ]
 
 
@@ -136,6 +138,7 @@ def keep_float_to_target(
     kinds: dict[str, Hashable],
     asked: list[str] | None = None,
     mode: str = "int8",
+    kept_bytes: int = 4,
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
@@ -187,7 +190,11 @@ def keep_float_to_target(
         verdicts=verdicts,
         asked=asked,
         mode=mode,
+        kept_bytes=kept_bytes,
     )
+    # sizes are float32 bytes: a kept value costs kept_bytes where the mode's costs 1 (int8) or 2 (float16)
+    over = kept_bytes - (2 if mode == "float16" else 1)
+    outcome.float_bytes = sum(sizes.get(n, 0) for n in asked) * over // 4
     if passed or not candidates:
         return outcome
     singles = [unit for unit in units if judging.single(unit)] or units
@@ -213,8 +220,7 @@ def keep_float_to_target(
             probe.append(min(rest, key=lambda unit: scores[unit]))
         low = count + 1
     outcome.model, outcome.kept_float, outcome.cosine, outcome.passed = model, asked + ranked[:chosen], cosine, passed
-    # sizes are float32 bytes: a kept value costs 3 of its 4 bytes over int8, 2 over float16
-    outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * (2 if mode == "float16" else 3) // 4
+    outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * over // 4
     outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
 

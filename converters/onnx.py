@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.converters.keep_float import JudgeFeeds
-from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, rebuild_tables_at_load
+from pe_export.converters.onnx_rewrites import float16_stored, fold_shapes_of_initializers, rebuild_tables_at_load
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
 from pe_export.converters.options import ExportOptions
@@ -177,25 +177,18 @@ def _float16_storage(model: Any) -> Any:
     (``onnx_float16``).
     """
     onnx = import_onnx()
-    from onnx import numpy_helper
 
     graph = model.graph
     casts, kept = [], []
     for initializer in graph.initializer:
-        if initializer.data_type == onnx.TensorProto.FLOAT and len(initializer.dims) >= 2:
-            half = numpy_helper.from_array(
-                numpy_helper.to_array(initializer).astype("float16"), f"{initializer.name}__fp16"
-            )
-            kept.append(half)
-            casts.append(
-                onnx.helper.make_node(
-                    "Cast",
-                    [half.name],
-                    [initializer.name],
-                    name=f"{initializer.name}__to_fp32",
-                    to=onnx.TensorProto.FLOAT,
-                )
-            )
+        stored = (
+            float16_stored(initializer)
+            if initializer.data_type == onnx.TensorProto.FLOAT and len(initializer.dims) >= 2
+            else None
+        )
+        if stored is not None:
+            kept.append(stored[0])
+            casts.append(stored[1])
         else:
             kept.append(initializer)
     del graph.initializer[:]
@@ -212,7 +205,9 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
     feeds, valid, sequence = judge() if judge is not None else ([], [], None)
-    outcome = quantize_to_target(model, feeds, options.tolerance, valid, sequence, keep=options.keep_float)
+    outcome = quantize_to_target(
+        model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, outliers_per_input=options.outliers
+    )
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.constants import OUTLIER_CHANNELS
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
@@ -27,18 +28,28 @@ from pe_export.converters.keep_float import (
     resolve_asked,
     with_single_rows,
 )
-from pe_export.converters.onnx_rewrites import drop_unread_initializers, gemms_to_matmuls, names_read_by
+from pe_export.converters.onnx_outliers import is_side_node
+from pe_export.converters.onnx_rewrites import (
+    drop_unread_initializers,
+    float16_stored,
+    gemms_to_matmuls,
+    names_read_by,
+)
 from pe_export.converters.onnx_smooth import smooth_activations
+from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
 from pe_export.parity.tolerances import Tolerance
 
 QUANTIZED_OPS = ("MatMul", "Gather")  # what quantize_dynamic turns into integer kernels in tf2onnx graphs
 
 
 def quantizable_nodes(model: Any) -> list[str]:
-    """Nodes quantize_dynamic turns into integer kernels: MatMul by a 2-D weight, Gather from a table."""
+    """Nodes quantize_dynamic turns into integer kernels: MatMul by a 2-D weight, Gather from a table (not the
+    float products beside them, ``onnx_outliers``)."""
     initializers = {i.name: len(i.dims) for i in model.graph.initializer}
     names = []
     for node in model.graph.node:
+        if is_side_node(node.name):
+            continue
         if node.op_type == "MatMul" and initializers.get(node.input[1]) == 2:
             names.append(node.name)
         elif node.op_type == "Gather" and initializers.get(node.input[0], 0) == 2:
@@ -74,21 +85,24 @@ def quantize_to_target(
     valid: list[np.ndarray | None] | None = None,
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
+    outliers_per_input: int = OUTLIER_CHANNELS,
 ) -> KeepFloatOutcome:
     """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does; the nodes
-    ``keep`` names (--keep-float) float in every candidate."""
+    ``keep`` names (--keep-float) float in every candidate; up to ``outliers_per_input`` outlier channels of each
+    MatMul input computed in float beside its int8 product (``onnx_outliers``; 0: none)."""
     prepared, steps = int8_ready(model)
     nodes = quantizable_nodes(prepared)
     asked = resolve_asked(keep, nodes)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
-        return KeepFloatOutcome(_quantize(prepared, asked), asked, len(nodes), float("nan"), True, asked=asked)
+        quantized = QuantizedVariants(prepared, _quantize(prepared, [])).build(asked)
+        return KeepFloatOutcome(quantized, asked, len(nodes), float("nan"), True, asked=asked, kept_bytes=2)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
     # with onnxruntime's basic optimizations applied, which every session applies anyway
-    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output)
-    if smoothing.smoothed:
+    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
+    if smoothing.smoothed or smoothing.outlier_channels:
         steps.append(smoothing.note())
-    variants = QuantizedVariants(smoothed, _quantize(smoothed, []))
+    variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside)))
     outcome = keep_float_to_target(
         quantizable_nodes(smoothed),
         weight_bytes(smoothed),
@@ -98,6 +112,7 @@ def quantize_to_target(
         tolerance,
         weight_kinds(smoothed),
         asked,
+        kept_bytes=2,  # QuantizedVariants: kept weights in float16 storage
     )
     outcome.steps = steps
     return outcome
@@ -140,7 +155,9 @@ def named_apart(graph: Any) -> int:
 class QuantizedVariants:
     """The quantizer's all-int8 model, and from it the model with any nodes kept float: each kept node's
     integer chain (the nodes the quantizer put between the float node's inputs and its output) replaced by
-    the float node, dead nodes and initializers dropped. The same graph as ``quantize_dynamic`` with
+    the float node, dead nodes and initializers dropped. A kept weight is stored in float16 and cast back
+    (``float16_stored``; onnxruntime folds the Cast when it loads the file): float32 arithmetic at half the
+    bytes, a rounding of 2^-11 against int8's 2^-7. Otherwise the same graph as ``quantize_dynamic`` with
     ``nodes_to_exclude`` writes (up to node order), without quantizing every weight again for each
     variant: at BERT-base one quantizer call is 20 s, and the search asks for a dozen variants."""
 
@@ -160,14 +177,18 @@ class QuantizedVariants:
         producer = {output: index for index, node in enumerate(graph.node) for output in node.output}
         present = {init.name for init in graph.initializer}
         replaced: dict[int, Any] = {}
+        casts = []
         for name in kept:
             node = self._float_nodes[name]
             replaced[producer[node.output[0]]] = node  # the float node where its chain ended
             for weight in node.input:
                 if weight in self._float_initializers and weight not in present:
-                    graph.initializer.append(self._float_initializers[weight])
+                    initializer = self._float_initializers[weight]
+                    stored = float16_stored(initializer) if len(initializer.dims) >= 2 else None
+                    graph.initializer.append(initializer if stored is None else stored[0])
+                    casts.extend([] if stored is None else [stored[1]])
                     present.add(weight)
-        nodes = [replaced.get(index, node) for index, node in enumerate(graph.node)]
+        nodes = casts + [replaced.get(index, node) for index, node in enumerate(graph.node)]
         del graph.node[:]
         graph.node.extend(_live(nodes, {output.name for output in graph.output}))
         drop_unread_initializers(graph)
@@ -199,12 +220,14 @@ def _quantize(model: Any, excluded: list[str]) -> Any:
                 str(target),
                 weight_type=QuantType.QInt8,
                 per_channel=True,
-                op_types_to_quantize=list(QUANTIZED_OPS),
+                op_types_to_quantize=["MatMul"],  # tables: one step per row (``onnx_table_int8``), not per table
                 nodes_to_exclude=excluded,
             )
         finally:
             root.setLevel(level)
-        return onnx.load(str(target))
+        quantized = onnx.load(str(target))
+    rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in set(excluded)])
+    return quantized
 
 
 def _run(model: Any, feeds: list[dict[str, np.ndarray]], names: list[str] | None = None) -> list[dict[str, np.ndarray]]:

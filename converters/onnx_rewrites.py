@@ -117,6 +117,25 @@ def gemms_to_matmuls(model: Any) -> int:
     return count
 
 
+FLOAT16_MAX = 65504.0
+
+
+def float16_stored(initializer: Any) -> tuple[Any, Any] | None:
+    """A float32 weight stored in float16 and cast back on load, onnxruntime folding the Cast when it builds a
+    session: (the float16 initializer, the Cast that writes the original name). None where float16 cannot hold
+    a value of it (beyond its range)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    values = numpy_helper.to_array(initializer)
+    if values.size and float(np.abs(values).max()) > FLOAT16_MAX:
+        return None
+    half = numpy_helper.from_array(values.astype(np.float16), f"{initializer.name}__fp16")
+    cast = helper.make_node(
+        "Cast", [half.name], [initializer.name], name=f"{initializer.name}__to_fp32", to=TensorProto.FLOAT
+    )
+    return half, cast
+
+
 def drop_unread_initializers(graph: Any) -> None:
     """Initializers no node (or subgraph) reads and that are not graph outputs or listed inputs go."""
     used = _names_read(graph) | {value.name for value in graph.output} | {value.name for value in graph.input}

@@ -10,9 +10,11 @@ from pe_export.constants import (
     KEEP_FLOAT_MODES,
     MAX_BATCH,
     MAX_ONNX_OPSET,
+    MAX_OUTLIER_CHANNELS,
     MAX_SEQ_LEN,
     MIN_ONNX_OPSET,
     ONNX_QUANTIZE_MODES,
+    OUTLIER_CHANNELS,
     PRECISION_OF_QUANTIZE,
     TFLITE_QUANTIZE_MODES,
 )
@@ -41,6 +43,7 @@ class ExportOptions:
     holdout: Path | None = None  # --holdout FILE: held-out samples (as --text or --inputs) that judge int8's choices
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
     keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float, ONNX float16 nodes float32
+    outlier_channels: int | None = None  # ONNX dynamic-int8: channels per MatMul input in float beside int8
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
     layer_map: bool = True  # stamp which tensor carries each layer, proven on the float32 file (pe_export/layers)
 
@@ -51,6 +54,11 @@ class ExportOptions:
         if precision == "fp32" and self.tables.table_dtype == "float16":
             return "fp16"
         return precision
+
+    @property
+    def outliers(self) -> int:
+        """Outlier channels per MatMul input that ONNX dynamic-int8 computes in float (0: none)."""
+        return OUTLIER_CHANNELS if self.outlier_channels is None else self.outlier_channels
 
     @property
     def tolerance(self) -> Tolerance:
@@ -79,6 +87,12 @@ class ExportOptions:
             raise BadInputError(
                 "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
             )
+        if self.outlier_channels is not None and (file_format, self.quantize) != ("onnx", "dynamic-int8"):
+            raise BadInputError(
+                f"--outlier-channels applies to ONNX --quantize dynamic-int8 (the channels split off its int8 "
+                f"products), not --quantize {self.quantize} for {file_format}; drop --outlier-channels"
+            )
+        check_range("--outlier-channels", self.outlier_channels, 0, MAX_OUTLIER_CHANNELS)
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
         modes = TFLITE_QUANTIZE_MODES if file_format == "tflite" else ONNX_QUANTIZE_MODES

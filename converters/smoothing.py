@@ -23,6 +23,11 @@ SMOOTHING_ROWS = 1024
 SMOOTHING_COLUMNS = 512
 FLOOR = 1e-5  # a channel barely active keeps a finite scale
 WEIGHT_LEVELS = 127  # int8 weights, symmetric, one scale per output channel (onnxruntime's and TFLite's)
+OUTLIER_RATIO = 4.0  # a split channel's peak over the median channel's (pe_export/constants.py: OUTLIER_CHANNELS)
+# A split is made where it divides the input's simulated int8 error at least by this. MiniLM's inputs by the
+# gain measured: feed-forward inputs 1.7-3.1x and outputs 3.7-10x (all but the last layer's); the attention
+# inputs 1.0-1.5x, each read by three MatMuls (nine side nodes for little).
+OUTLIER_GAIN = 1.6
 # activation rows [n, inputs] of one runtime call → as the runtime's int8 kernels see them (dequantized)
 QuantizedActivations = Callable[[np.ndarray], np.ndarray]
 
@@ -34,11 +39,22 @@ class Smoothing:
     smoothed: int  # of which smoothed (α > 0 was best)
     error_before: float  # simulated int8 error of all those products, relative (sum of squares)
     error_after: float
+    energy: float = 0.0  # the exact products' sum of squares the errors are relative to
+    outlier_tensors: int = 0  # inputs with channels split off into a float product (``onnx_outliers``)
+    outlier_channels: int = 0
+    outlier_bytes: int = 0  # the float rows those products read
+    beside: tuple[str, ...] = ()  # the nodes of those products: never quantized
 
     def note(self) -> str:
+        split = (
+            f"; {self.outlier_channels} outlier channels of {self.outlier_tensors} inputs computed in float "
+            f"beside the int8 products, +{self.outlier_bytes:,} B"
+            if self.outlier_channels
+            else ""
+        )
         return (
             f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
-            f"{self.what} inputs; simulated int8 error {self.error_before:.2e} → "
+            f"{self.what} inputs{split}; simulated int8 error {self.error_before:.2e} → "
             f"{self.error_after:.2e})"
         )
 
@@ -75,33 +91,68 @@ def thin_call(rows: np.ndarray, quota: int) -> np.ndarray:
     return rows[sorted(chosen)]
 
 
+@dataclass(frozen=True)
+class TensorChoice:
+    """One activation tensor's simulated int8 errors (sums of squares over its sampled products)."""
+
+    plain: float  # α 0: no smoothing
+    best: float  # the best α's
+    energy: float  # the exact products'
+    alpha: float
+    scale: np.ndarray | None  # the best α's s
+
+
+def best_scale(
+    activations: Activations, weight: np.ndarray, quantized: QuantizedActivations, alphas: tuple[float, ...] = ALPHAS
+) -> TensorChoice:
+    """The α of ``alphas`` whose smoothing errs least in a simulation of the int8 products of one activation
+    tensor (its captured activations) with the joined weights [inputs, outputs] of the ops that read it."""
+    rows = activations.rows
+    columns = weight[:, sampled_columns(weight.shape[1])]
+    exact = [r @ columns for r in rows]
+    plain, best_error, best_alpha, best = np.inf, np.inf, 0.0, None
+    for alpha in alphas:
+        scale = migration_scale(activations.channel_max, weight, alpha)  # from every column's maximum
+        weight_int8 = per_channel_int8(columns * scale[:, None])
+        error = sum(
+            float(np.square(quantized(r / scale) @ weight_int8 - e).sum()) for r, e in zip(rows, exact, strict=True)
+        )
+        plain = error if alpha == 0.0 else plain
+        if error < best_error:
+            best_error, best_alpha, best = error, alpha, scale
+    energy = sum(float(np.square(e).sum()) for e in exact)
+    return TensorChoice(plain if np.isfinite(plain) else 0.0, best_error, energy, best_alpha, best)
+
+
 def choose_scales(
-    groups: dict[str, tuple[Activations, np.ndarray]], quantized: QuantizedActivations, what: str
+    groups: dict[str, tuple[Activations, np.ndarray]],
+    quantized: QuantizedActivations,
+    what: str,
+    alphas: tuple[float, ...] = ALPHAS,
 ) -> tuple[dict[str, np.ndarray], Smoothing]:
     """For each activation tensor (its captured activations, the joined weights [inputs, outputs] of the
-    ops that read it), the scale s of the best α; only tensors where α > 0 won are returned."""
-    before = after = energy = 0.0
-    chosen: dict[str, np.ndarray] = {}
-    for tensor, (activations, weight) in groups.items():
-        rows = activations.rows
-        columns = weight[:, sampled_columns(weight.shape[1])]
-        exact = [r @ columns for r in rows]
-        best_error, best_alpha, best_scale = np.inf, 0.0, None
-        for alpha in ALPHAS:
-            scale = migration_scale(activations.channel_max, weight, alpha)  # from every column's maximum
-            weight_int8 = per_channel_int8(columns * scale[:, None])
-            error = sum(
-                float(np.square(quantized(r / scale) @ weight_int8 - e).sum()) for r, e in zip(rows, exact, strict=True)
-            )
-            before += error if alpha == 0.0 else 0.0
-            if error < best_error:
-                best_error, best_alpha, best_scale = error, alpha, scale
-        after += best_error
-        energy += sum(float(np.square(e).sum()) for e in exact)
-        if best_alpha > 0.0 and best_scale is not None:
-            chosen[tensor] = best_scale
+    ops that read it), the scale s of the best of ``alphas``; only tensors where α > 0 won are returned."""
+    choices = {tensor: best_scale(*group, quantized, alphas) for tensor, group in groups.items()}
+    return scales_of(choices, what)
+
+
+def scales_of(choices: dict[str, TensorChoice], what: str) -> tuple[dict[str, np.ndarray], Smoothing]:
+    """The scales of the tensors where α > 0 won, and the summary of ``choices``."""
+    chosen = {t: c.scale for t, c in choices.items() if c.alpha > 0.0 and c.scale is not None}
+    energy = sum(c.energy for c in choices.values())
     total = max(energy, 1e-30)
-    return chosen, Smoothing(what, len(groups), len(chosen), before / total, after / total)
+    before, after = sum(c.plain for c in choices.values()), sum(c.best for c in choices.values())
+    return chosen, Smoothing(what, len(choices), len(chosen), before / total, after / total, energy)
+
+
+def outlier_channels(channel_max: np.ndarray, most: int, ratio: float = OUTLIER_RATIO) -> np.ndarray:
+    """The input channels (ascending) to split off an int8 product: the ``most`` largest peaks that are at least
+    ``ratio`` times the median channel's peak; none where the peaks are even."""
+    if most <= 0 or channel_max.size <= most:
+        return np.zeros(0, np.int64)
+    median = float(np.median(channel_max))
+    largest = np.argsort(-channel_max, kind="stable")[:most]
+    return np.sort(largest[channel_max[largest] >= ratio * max(median, FLOOR)]).astype(np.int64)
 
 
 def sampled_columns(count: int, limit: int = SMOOTHING_COLUMNS) -> np.ndarray:

@@ -225,24 +225,53 @@ class DynamicRangeFile:
     # -- keep float --------------------------------------------------------------------------------
 
     def build(self, kept: list[str]) -> bytes:
-        """The file with the ``kept`` weights in float32; the objects are left as they were."""
-        saved, operators = [], list(self.model.subgraphs[0].operators)
+        """The file with the ``kept`` weights float: stored in float16, a DEQUANTIZE to float32 before the op
+        that reads them (as the converter's float16 mode writes weights: the runtime dequantizes a constant
+        once), the op then a float one (a table's GATHER writes the float rows straight into what its rows'
+        DEQUANTIZE wrote). The objects are left as they were."""
+        graph = self.model.subgraphs[0]
+        saved = []
+        kept_lists = (
+            list(graph.operators),
+            list(graph.tensors),
+            list(self.model.buffers),
+            list(self.model.operatorCodes),
+        )
         for name in kept:
             weight = self.weights[name]
-            tensor = weight.tensor
+            tensor, op = weight.tensor, weight.op
             buffer = self.model.buffers[tensor.buffer]
-            saved.append((tensor, tensor.type, tensor.quantization, buffer, buffer.data, weight.op, weight.op.outputs))
-            buffer.data = np.frombuffer(weight.values.tobytes(), np.uint8)
-            tensor.type, tensor.quantization = self._schema.TensorType.FLOAT32, None
-            if weight.dequantize is not None:  # float rows gathered straight into the DEQUANTIZE's output
-                weight.op.outputs = list(weight.dequantize.outputs)
-                self.model.subgraphs[0].operators.remove(weight.dequantize)
+            saved.append((tensor, tensor.type, tensor.quantization, buffer, buffer.data, op, op.outputs, op.inputs))
+            buffer.data = np.frombuffer(weight.values.astype(np.float16).tobytes(), np.uint8)
+            tensor.type, tensor.quantization = self._schema.TensorType.FLOAT16, None
+            at = 0 if weight.dequantize is not None else WEIGHT_INPUT
+            op.inputs = [*op.inputs[:at], self._dequantized(int(op.inputs[at]), op), *op.inputs[at + 1 :]]
+            if weight.dequantize is not None:
+                op.outputs = list(weight.dequantize.outputs)
+                graph.operators.remove(weight.dequantize)
         try:
             return pack_tflite(self.model, self._bytes)
         finally:
-            for tensor, kind, quantization, buffer, data, op, outputs in saved:
-                tensor.type, tensor.quantization, buffer.data, op.outputs = kind, quantization, data, outputs
-            self.model.subgraphs[0].operators = operators
+            for tensor, kind, quantization, buffer, data, op, outputs, inputs in saved:
+                tensor.type, tensor.quantization, buffer.data = kind, quantization, data
+                op.outputs, op.inputs = outputs, inputs
+            graph.operators, graph.tensors, self.model.buffers, self.model.operatorCodes = kept_lists
+
+    def _dequantized(self, source: int, reader: Any) -> int:
+        """A float32 tensor that a DEQUANTIZE of ``source``, inserted right before ``reader``, writes."""
+        schema = self._schema
+        graph = self.model.subgraphs[0]
+        dequantized = schema.TensorT()
+        dequantized.name = graph.tensors[source].name + b"/dequantized"
+        dequantized.type, dequantized.shape = schema.TensorType.FLOAT32, list(graph.tensors[source].shape)
+        dequantized.buffer = self._add_buffer(None)
+        graph.tensors = [*graph.tensors, dequantized]
+        dequantize = schema.OperatorT()
+        dequantize.opcodeIndex = self._opcode(schema.BuiltinOperator.DEQUANTIZE)
+        dequantize.inputs, dequantize.outputs = [source], [len(graph.tensors) - 1]
+        position = graph.operators.index(reader)
+        graph.operators = [*graph.operators[:position], dequantize, *graph.operators[position:]]
+        return len(graph.tensors) - 1
 
     def capturing(self, names: list[str]) -> tuple[bytes, dict[str, str]]:
         """The float32 file with the named tensors as outputs of its signature too, and the output name each
@@ -297,6 +326,7 @@ def int8_to_target(
             tolerance,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
             asked,
+            kept_bytes=2,  # DynamicRangeFile.build: kept weights in float16 storage
         )
     if smoothing.smoothed:
         outcome.steps.append(smoothing.note())

@@ -25,6 +25,7 @@ from pe_export.constants import (
     HOLDOUT_EVERY,
     MAX_CHECKED_POSITIONS,
     ONNX_QUANTIZE_MODES,
+    OUTLIER_CHANNELS,
     TABLE_DTYPES,
     TFLITE_QUANTIZE_MODES,
 )
@@ -179,6 +180,7 @@ def _export_options(**values: Any) -> Any:
         quantize=values["quantize"],
         builtins_only=values.get("builtins_only", False),
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
+        outlier_channels=values.get("outlier_channels"),
         verify=not values["no_verify"],
         layer_map=not values["no_layer_map"],
         overwrite=values["overwrite"],
@@ -321,6 +323,13 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
 @cli.command()
 @export_options(ONNX_QUANTIZE_MODES)
 @click.option("--opset", type=int, default=DEFAULT_ONNX_OPSET, show_default=True, help="ONNX opset.")
+@click.option(
+    "--outlier-channels",
+    type=int,
+    default=None,
+    help=f"dynamic-int8: compute up to N outlier channels of each MatMul input in float beside its int8 product "
+    f"(default {OUTLIER_CHANNELS}; 0: none).",
+)
 @click.pass_context
 def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
     """Export SAVED_MODEL to a .onnx file that passes onnx.checker and loads in onnxruntime."""

@@ -42,6 +42,19 @@ def test_check_range_is_inclusive_and_ignores_absent_options() -> None:
         (lambda: ParityOptions(threads=0).validate(), "--threads 0 is out of range; expected 1 to 1024"),
         (lambda: TableOptions(compress=0).validate(), "--compress 0 is out of range"),
         (lambda: ExportOptions(opset=12).validate("onnx"), "--opset 12 is out of range; expected 13 to 23"),
+        (
+            lambda: ExportOptions(quantize="dynamic-int8", outlier_channels=65).validate("onnx"),
+            "--outlier-channels 65 is out of range; expected 0 to 64",
+        ),
+        (
+            lambda: ExportOptions(quantize="dynamic-int8", outlier_channels=2).validate("tflite"),
+            "--outlier-channels applies to ONNX --quantize dynamic-int8",
+        ),
+        (
+            lambda: ExportOptions(quantize="float16", outlier_channels=0).validate("onnx"),
+            "--outlier-channels applies to ONNX --quantize dynamic-int8 (the channels split off its int8 products), "
+            "not --quantize float16 for onnx",
+        ),
     ],
 )
 def test_every_command_bounds_an_option_the_same_way(validate, message: str) -> None:

@@ -174,9 +174,16 @@ def _first_quantizable_onnx_node(encoder: Path, tmp_path: Path) -> str:
 
 
 def _onnx_float_nodes(path: Path) -> list[str]:
-    """Nodes of the written file that still multiply by a float weight (MatMul, not MatMulInteger)."""
+    """Nodes of the written file that still multiply by (or look up) a float weight (MatMul, not MatMulInteger):
+    a float32 one, or a float16 one cast back (how dynamic-int8 stores a kept weight)."""
     import onnx
 
     model = onnx.load(str(path))
-    weights = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    weights = {name for name, kind in types.items() if kind == onnx.TensorProto.FLOAT}
+    weights |= {
+        n.output[0]
+        for n in model.graph.node
+        if n.op_type == "Cast" and types.get(n.input[0]) == onnx.TensorProto.FLOAT16
+    }
     return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gather") and set(n.input) & weights]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from pe_export.api import export_onnx
 from pe_export.converters.options import ExportOptions
@@ -86,9 +87,26 @@ def test_weight_only_int8_shrinks_the_file_and_keeps_float_arithmetic(saved_mode
     assert max_abs_error(rewritten_out, onnxruntime_outputs(tmp_path / "dequantized.onnx", feed)) <= 1e-5
 
 
+def float16_rounded(model: Any, nodes: list[str]) -> Any:
+    """``model`` with the 2-D weights of ``nodes`` rounded to float16 (kept float32): what a kept weight holds."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    rounded = onnx.ModelProto()
+    rounded.CopyFrom(model)
+    reads = {name for node in rounded.graph.node if node.name in set(nodes) for name in node.input}
+    for init in rounded.graph.initializer:
+        if init.name in reads and len(init.dims) >= 2:
+            values = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(values, init.name))
+    return rounded
+
+
 def test_variants_from_one_quantization_equal_the_quantizers_own(saved_model, tmp_path: Path) -> None:
     """A node kept float by editing the all-int8 model computes what quantize_dynamic's nodes_to_exclude
-    writes, run in onnxruntime; every node kept float is the float model."""
+    writes with that node's weight rounded to float16 (stored so, cast back), run in onnxruntime; every node
+    kept float is the float model with its weights so rounded."""
     import numpy as np
     import onnx
 
@@ -103,11 +121,14 @@ def test_variants_from_one_quantization_equal_the_quantizers_own(saved_model, tm
         {i.name: np.arange(32, dtype=np.int32).reshape(2, 16) % 7 for i in prepared.graph.input},
     ]
     for kept in (nodes[:1], nodes[1::2], nodes[-2:]):
-        edited, own = _run(variants.build(kept), feeds), _run(_quantize(prepared, kept), feeds)
+        built = variants.build(kept)
+        edited, own = _run(built, feeds), _run(_quantize(float16_rounded(prepared, kept), kept), feeds)
         for got, want in zip(edited, own, strict=True):
             for name in want:
                 np.testing.assert_array_equal(got[name], want[name])
-    as_float, reference = _run(variants.build(nodes), feeds), _run(prepared, feeds)
+        halves = [i for i in built.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+        assert len(halves) == len(kept), [i.name for i in halves]  # each kept node's weight, in float16
+    as_float, reference = _run(variants.build(nodes), feeds), _run(float16_rounded(prepared, nodes), feeds)
     for got, want in zip(as_float, reference, strict=True):
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
@@ -135,5 +156,5 @@ def test_nodes_that_share_a_name_are_kept_float_apart() -> None:
         float_matmuls = [n.name for n in built.graph.node if n.op_type == "MatMul"]
         assert float_matmuls == [kept]
         x = {"x": np.random.default_rng(3).normal(size=(4, 32)).astype(np.float32)}
-        (got,), (want,) = _run(built, [x]), _run(_quantize(prepared, [kept]), [x])
+        (got,), (want,) = _run(built, [x]), _run(_quantize(float16_rounded(prepared, [kept]), [kept]), [x])
         assert all(np.array_equal(got[k], want[k]) for k in want)
