@@ -164,7 +164,8 @@ def test_tflite_int8_meets_the_accuracy_asked_for(
     strict, _, strict_note = int8_export(minilm, tmp_path / "strict.tflite", min_cosine=0.9993)
     kept = re.search(r"(\d+) of 38 int8 weights kept in float", strict_note)
     assert kept and 1 <= int(kept[1]) < 38 and chosen_cosine(strict.notes) >= 0.9993, strict_note
-    assert strict.summary.file_bytes <= 0.5 * fp32
+    # kept weights are stored in float16: within issue 25's 0.45x (float32 kept weights took 0.50x on varied text)
+    assert "float16 storage" in strict_note and strict.summary.file_bytes <= 0.45 * fp32
 
 
 @pytest.fixture(scope="module")
