@@ -112,12 +112,10 @@ def smooth_activations(
     )
 
 
-def _without(group: tuple[Activations, np.ndarray], channels: np.ndarray | None) -> tuple[Activations, np.ndarray]:
+def _without(group: tuple[Activations, np.ndarray], channels: np.ndarray) -> tuple[Activations, np.ndarray]:
     """A tensor's activations and joined weight with ``channels`` zeroed: what its int8 products see once
     those channels are split off (their exact products lose the side's share, which is float)."""
     activations, weight = group
-    if channels is None:
-        return group
     rows = [r.copy() for r in activations.rows]
     for r in rows:
         r[:, channels] = 0.0

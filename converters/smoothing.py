@@ -39,7 +39,6 @@ class Smoothing:
     smoothed: int  # of which smoothed (α > 0 was best)
     error_before: float  # simulated int8 error of all those products, relative (sum of squares)
     error_after: float
-    energy: float = 0.0  # the exact products' sum of squares the errors are relative to
     outlier_tensors: int = 0  # inputs with channels split off into a float product (``onnx_outliers``)
     outlier_channels: int = 0
     outlier_bytes: int = 0  # the float rows those products read
@@ -125,14 +124,11 @@ def best_scale(
 
 
 def choose_scales(
-    groups: dict[str, tuple[Activations, np.ndarray]],
-    quantized: QuantizedActivations,
-    what: str,
-    alphas: tuple[float, ...] = ALPHAS,
+    groups: dict[str, tuple[Activations, np.ndarray]], quantized: QuantizedActivations, what: str
 ) -> tuple[dict[str, np.ndarray], Smoothing]:
     """For each activation tensor (its captured activations, the joined weights [inputs, outputs] of the
-    ops that read it), the scale s of the best of ``alphas``; only tensors where α > 0 won are returned."""
-    choices = {tensor: best_scale(*group, quantized, alphas) for tensor, group in groups.items()}
+    ops that read it), the scale s of the best α; only tensors where α > 0 won are returned."""
+    choices = {tensor: best_scale(*group, quantized) for tensor, group in groups.items()}
     return scales_of(choices, what)
 
 
@@ -142,7 +138,7 @@ def scales_of(choices: dict[str, TensorChoice], what: str) -> tuple[dict[str, np
     energy = sum(c.energy for c in choices.values())
     total = max(energy, 1e-30)
     before, after = sum(c.plain for c in choices.values()), sum(c.best for c in choices.values())
-    return chosen, Smoothing(what, len(choices), len(chosen), before / total, after / total, energy)
+    return chosen, Smoothing(what, len(choices), len(chosen), before / total, after / total)
 
 
 def outlier_channels(channel_max: np.ndarray, most: int, ratio: float = OUTLIER_RATIO) -> np.ndarray:
