@@ -378,3 +378,71 @@ def _cast(node: Any, name: str, source: str, from_type: int, to_type: int) -> An
     node.attr["DstT"].type = to_type
     node.attr["Truncate"].b = False
     return node
+
+
+def flat_lookups(graph_def: Any) -> tuple[Any, int]:
+    """A copy of ``graph_def`` where a table lookup by a matrix of ids (``table[ids]``, ids of a fixed shape such as
+    [1, S]) reads the table by the flattened ids, as rows of a [1, V, H] table: Reshape(ids, [-1]) → GatherV2 along
+    axis 1 of ExpandDims(table, 0) → [1, N, H] → Reshape to [*ids, H]. The same values; LiteRT's GPU accelerator
+    takes a GATHER with 1-D indices only ("Only support 1D indices"), and the rows must not come out 2-D: the
+    accelerator lays a [N, H] tensor out as N batches, and an ADD of it and a constant [N, H] (the position rows)
+    then adds row 0 of the constant to every row (measured under lavapipe: all-MiniLM-L6-v2 wrong from its
+    embeddings on, cosine 0.01; the same lookup as [1, N, H] exact). Only where the table is a weight (constant or a
+    frozen weight's stand-in) of rank 2, read along axis 0, and the ids' shape is fully known. Returns (graph,
+    count)."""
+    from pe_export.weights import is_stand_in
+
+    graph = GraphIndex(graph_def)
+    plans: dict[str, list[int]] = {}
+    for node in graph_def.node:
+        if node.op != "GatherV2" or node.attr["batch_dims"].i != 0:
+            continue
+        table = graph.source(node.input[0])
+        while table is not None and table.op == "Identity":
+            table = graph.source(table.input[0])
+        if table is None or not (table.op == "Const" or is_stand_in(table)):
+            continue
+        axis = graph.const_value(node.input[2])
+        table_shape, ids_shape = graph.shape(node.input[0]), graph.shape(node.input[1])
+        if axis is None or int(axis) != 0 or table_shape is None or len(table_shape) != 2 or None in table_shape:
+            continue
+        if ids_shape is None or len(ids_shape) < 2 or None in ids_shape:
+            continue
+        plans[node.name] = [int(d or 0) for d in (*ids_shape, table_shape[1])]  # every one known, checked above
+    if not plans:
+        return graph_def, 0
+
+    def flattened(rewritten: Any, node: Any) -> None:
+        index_type = node.attr["Tindices"].type
+        flat_shape = _const(rewritten.node.add(), f"{node.name}/flat/shape", np.array([-1], np.int32), DT_INT32)
+        flat_ids = rewritten.node.add()
+        flat_ids.name, flat_ids.op = f"{node.name}/flat/ids", "Reshape"
+        flat_ids.input.extend([node.input[1], flat_shape.name])
+        flat_ids.attr["T"].type = index_type
+        flat_ids.attr["Tshape"].type = DT_INT32
+        one = _const(rewritten.node.add(), f"{node.name}/flat/leading", np.array(0, np.int32), DT_INT32)
+        table = rewritten.node.add()
+        table.name, table.op = f"{node.name}/flat/table", "ExpandDims"
+        table.input.extend([node.input[0], one.name])
+        table.attr["T"].type = node.attr["Tparams"].type
+        table.attr["Tdim"].type = DT_INT32
+        axis = _const(rewritten.node.add(), f"{node.name}/flat/axis", np.array(1, np.int32), DT_INT32)
+        gather = rewritten.node.add()
+        gather.CopyFrom(node)
+        gather.name = f"{node.name}/flat"
+        del gather.input[:]
+        gather.input.extend([table.name, flat_ids.name, axis.name, *(i for i in node.input if i.startswith("^"))])
+        gather.attr["Taxis"].type = DT_INT32
+        rows_shape = _const(
+            rewritten.node.add(), f"{node.name}/flat/rows_shape", np.array(plans[node.name], np.int32), DT_INT32
+        )
+        rows = rewritten.node.add()  # takes the gather's name: its consumers need no rewiring
+        rows.name, rows.op = node.name, "Reshape"
+        rows.input.extend([gather.name, rows_shape.name])
+        rows.attr["T"].type = node.attr["Tparams"].type
+        rows.attr["Tshape"].type = DT_INT32
+        for made in (flat_shape, flat_ids, one, table, axis, gather, rows_shape, rows):
+            if node.device:
+                made.device = node.device
+
+    return _rewrite_nodes(graph_def, set(plans), flattened), len(plans)

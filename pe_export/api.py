@@ -22,7 +22,7 @@ from pe_export.constants import (
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
-from pe_export.holdout import Cases, Parts, samples, split_rows
+from pe_export.holdout import Cases, Parts, in_batches, samples, split_rows
 from pe_export.inputs import generate_inputs, valid_positions
 from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
@@ -35,7 +35,7 @@ from pe_export.provenance import (
     provenance_entries,
 )
 from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_runner
-from pe_export.specs import SEQUENCE_AXIS, TensorSpec, feed_shape
+from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec, feed_shape
 
 if TYPE_CHECKING:
     from pe_export.parity.result import OutputMetrics
@@ -409,7 +409,15 @@ class _Job:
     @cached_property
     def parts(self) -> Parts:
         """The inputs int8's choices are made on and those that judge them (pe_export/holdout.py); without a
-        choice to make, both are every input."""
+        choice to make, both are every input. A file of a fixed batch takes the given samples that many at a
+        time."""
+        parts = self._parts()
+        if self.options.text is None and self.options.inputs is None:
+            return parts
+        batch = self.specs[0].shape[BATCH_AXIS] if self.specs and self.specs[0].shape else None
+        return replace(parts, choice=in_batches(parts.choice, batch), check=in_batches(parts.check, batch))
+
+    def _parts(self) -> Parts:
         if self.options.text is None and self.options.inputs is None:
             check = verification_feeds(self.specs, self.bounds, self.check_length)
             if not self.decides:

@@ -111,7 +111,8 @@ def _make_golden(
     bounds = input_bounds(frozen)
     text = None
     if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
-        text = text_feed(model_specs, bounds, options.text, source.given, checked_length(loaded, frozen))
+        length = options.seq_len if fixed_length(model_specs) is None else None  # --seq-len pads (or cuts) to it
+        text = text_feed(model_specs, bounds, options.text, source.given, checked_length(loaded, frozen), length)
         seq_len = text[1].shape[SEQUENCE_AXIS]
     specs = [spec.at_length(seq_len) for spec in model_specs]
     if text is not None:

@@ -40,3 +40,24 @@ def split_rows(cases: Cases, every: int) -> tuple[Cases, Cases] | None:
         return {name: {k: np.take(v, index, axis=0) for k, v in feed.items()}}, {name: valid[index]}
 
     return part(kept, f"{case}, choice part"), part(held, case)
+
+
+def in_batches(cases: Cases, batch: int | None) -> Cases:
+    """``cases`` cut into cases of ``batch`` rows each, for a file whose batch axis is fixed (None: as they are).
+    A short last part is filled with the case's first rows again: the file runs only whole batches, and a row
+    judged twice moves no worst-case figure."""
+    if batch is None:
+        return cases
+    feeds, valid = cases
+    cut_feeds, cut_valid = {}, {}
+    for case, feed in feeds.items():
+        rows = int(valid[case].shape[0])
+        if rows == batch:
+            cut_feeds[case], cut_valid[case] = feed, valid[case]
+            continue
+        for part, start in enumerate(range(0, rows, batch)):
+            index = np.arange(start, start + batch) % rows
+            name = f"{case} {part + 1}" if rows > batch else case
+            cut_feeds[name] = {key: np.take(array, index, axis=0) for key, array in feed.items()}
+            cut_valid[name] = valid[case][index]
+    return cut_feeds, cut_valid

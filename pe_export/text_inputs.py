@@ -60,9 +60,15 @@ def read_lines(path: Path) -> list[str]:
 
 
 def text_feed(
-    specs: list[TensorSpec], bounds: dict[str, int], inputs: TextInputs, saved_model: Path, max_len: int | None
+    specs: list[TensorSpec],
+    bounds: dict[str, int],
+    inputs: TextInputs,
+    saved_model: Path,
+    max_len: int | None,
+    length: int | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(feed, valid [rows, length]): every line one row, padded to the longest (or the model's fixed length)."""
+    """(feed, valid [rows, length]): every line one row, padded to the longest, or to ``length`` (a --seq-len), or
+    to the model's fixed length; a longer line is cut there."""
     try:
         from tokenizers import Tokenizer
     except ImportError as err:
@@ -79,7 +85,7 @@ def text_feed(
     tokens = max((s for s in integer if not is_mask_input(s)), key=lambda s: bounds.get(s.name, 0), default=None)
     if tokens is None:
         raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
-    fixed = tokens.sequence_length
+    fixed = tokens.sequence_length or length
     limit = fixed or max_len
     encoded = [tokenizer.encode(line).ids for line in read_lines(inputs.text)]
     if limit is not None:

@@ -66,6 +66,20 @@ def test_text_feed_masks_padding_and_takes_ids_for_the_vocabulary_input(tmp_path
     assert (feed["attention_mask"] == valid).all() and not feed["segment_ids"].any()
 
 
+def test_text_feed_pads_and_cuts_to_a_given_length(tmp_path: Path, sentences: Path) -> None:
+    from pe_export.specs import TensorSpec
+    from pe_export.text_inputs import TextInputs, text_feed
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    specs = [TensorSpec("token_ids", "int32", (None, None))]
+    given = TextInputs(sentences, tokenizer)
+    longer, valid = text_feed(specs, {"token_ids": 64}, given, tmp_path, 64, length=24)
+    assert longer["token_ids"].shape == (4, 24) and valid.sum(axis=1).tolist() == [5, 12, 9, 20]
+    shorter, valid = text_feed(specs, {"token_ids": 64}, given, tmp_path, 64, length=8)
+    assert shorter["token_ids"].shape == (4, 8) and valid.sum(axis=1).tolist() == [5, 8, 8, 8]
+    assert (shorter["token_ids"] == longer["token_ids"][:, :8]).all()
+
+
 def test_a_tokenizer_for_another_vocabulary_is_one_line(
     saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -163,3 +177,23 @@ def test_int8_chooses_on_part_of_the_sentences_and_is_judged_on_the_rest(
         capfd, "tflite", model, "-o", tmp_path / "d.tflite", "--quantize", "dynamic-int8", "--holdout", held
     )
     assert_one_line_error(refused, 2, "--holdout", "needs --text or --inputs")
+
+
+def test_a_fixed_shape_export_and_its_bundle_take_the_sentences_at_that_shape(
+    saved_model, sentences: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """--batch 3 --seq-len 24: the export runs the 4 sentences as two batches of 3 (the last filled with the first
+    rows again), and the golden bundle pads them to 24 positions, so parity of that file on it runs."""
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    model = saved_model("encoder_multi_io")
+    text = ("--text", sentences, "--tokenizer", tokenizer)
+    fixed = ("--batch", "3", "--seq-len", "24")
+    result = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", *fixed, *text)
+    assert result.exit_code == 0, result.stderr
+    cases = {line.split()[0:2][1] for line in result.stdout.splitlines() if line.strip().startswith("text ")}
+    assert cases == {"1", "2"} and "24 positions" in result.stdout, result.stdout
+    made = run_cli(capfd, "golden", model, "-o", tmp_path / "golden", *text, *fixed)
+    assert made.exit_code == 0, made.stderr
+    assert "4 samples of 24 positions in 2 batches" in made.stdout, made.stdout
+    checked = run_cli(capfd, "parity", tmp_path / "m.tflite", tmp_path / "golden")
+    assert checked.exit_code == 0, (checked.stdout, checked.stderr)

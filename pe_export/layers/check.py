@@ -22,7 +22,7 @@ from pe_export.layers.mapping import LAYER_MAP, LayerMap
 from pe_export.parity.bundle import Bundle
 from pe_export.parity.result import LayerReport
 from pe_export.parity.tolerances import Tolerance
-from pe_export.runners.base import RUNNERS, create_runner
+from pe_export.runners.base import RUNNERS, create_runner, infer_rows
 
 KERNELS = {
     "litert": "the interpreter's builtin kernels with every tensor kept (XNNPACK off: it keeps no intermediate)",
@@ -128,7 +128,7 @@ def _bisected(
                     comparison = LayerComparison({name: output}, tolerance, sequence & {name})
                     for batch in bundle.batches():
                         raise_if_interrupted()
-                        comparison.update(runner.infer(batch.inputs), batch.layers, batch.valid)
+                        comparison.update(infer_rows(runner, batch.inputs), batch.layers, batch.valid)
                         if progress:
                             progress()
                 (metrics,) = comparison.result()

@@ -15,7 +15,7 @@ from pe_export.parity.bundle import Batch
 from pe_export.parity.metrics import OutputAccumulator
 from pe_export.parity.result import OutputMetrics
 from pe_export.parity.tolerances import Tolerance
-from pe_export.runners.base import Runner
+from pe_export.runners.base import Runner, infer_rows
 
 
 def compare_batches(
@@ -34,7 +34,7 @@ def compare_batches(
     accumulators: dict[tuple[str | None, str], OutputAccumulator] = {}
     for batch in batches:
         raise_if_interrupted()  # a Ctrl-C a finalizer swallowed still stops the check
-        produced = runner.infer(batch.inputs)
+        produced = infer_rows(runner, batch.inputs)
         missing = sorted(set(tolerances) - set(produced))
         if missing:
             raise ParityError(

@@ -187,3 +187,56 @@ def test_a_fixed_shape_export_has_no_slice_the_gpu_refuses(tmp_path: Path) -> No
     assert any(re.match(r"[1-9]\d* slice\(s\) that drop an axis .* keep it and squeeze it", n) for n in report.notes)
     dynamic = export_tflite(model, tmp_path / "dynamic.tflite", ExportOptions())
     assert not any("squeeze" in note for note in dynamic.notes)
+
+
+# (spelling, ids shape, lookup of a [7, 3] table, lookups it rewrites): ids of a fixed shape of rank 2 or more
+LOOKUPS: list[tuple[str, list[int | None], Callable[[Any, Any], Any], int]] = [
+    ("table[ids] of [2, 5]", [2, 5], lambda table, ids: _gather(table, ids), 1),
+    ("table[ids] of [1, 6]", [1, 6], lambda table, ids: _gather(table, ids), 1),
+    ("table[ids] of [2, 3, 4]", [2, 3, 4], lambda table, ids: _gather(table, ids), 1),
+    ("two tables summed", [2, 5], lambda table, ids: _gather(table, ids) + _gather(_other_table(), ids % 2), 2),
+    ("table[ids] of [5]", [5], lambda table, ids: _gather(table, ids), 0),  # already 1-D
+    ("table[ids] of [None, 5]", [None, 5], lambda table, ids: _gather(table, ids), 0),  # shape not known
+    ("columns: table[:, ids % 3]", [2, 2], lambda table, ids: _gather(table, ids % 3, axis=1), 0),
+]
+
+
+def _other_table() -> Any:
+    import tensorflow as tf
+
+    return tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def _gather(table: Any, ids: Any, axis: int = 0) -> Any:
+    import tensorflow as tf
+
+    return tf.gather(table, ids, axis=axis)
+
+
+@pytest.mark.parametrize(("spelling", "shape", "function", "expected"), LOOKUPS, ids=[s[0] for s in LOOKUPS])
+def test_a_lookup_by_a_matrix_of_ids_reads_flat_ids_as_rows_of_one_batch(
+    spelling: str, shape: list[int | None], function: Callable[[Any, Any], Any], expected: int
+) -> None:
+    import tensorflow as tf
+
+    from pe_export.converters.graph_rewrites import flat_lookups
+    from pe_export.savedmodel import frozen_function
+
+    table = tf.constant(np.random.default_rng(1).normal(size=(7, 3)).astype(np.float32))
+    concrete = tf.function(lambda ids: function(table, ids) * 1.0).get_concrete_function(tf.TensorSpec(shape, tf.int32))
+    frozen = frozen_function(concrete)
+    graph_def, feed, fetch = frozen.graph.as_graph_def(), frozen.inputs[0].name, frozen.outputs[0].name
+    rewritten, count = flat_lookups(graph_def)
+    assert count == expected
+    fixed = [d or 2 for d in shape]
+    ids = (np.arange(np.prod(fixed)).reshape(fixed) * 5 % 7).astype(np.int32)
+    want = run_graph(graph_def, feed, fetch, ids)
+    got = run_graph(rewritten, feed, fetch, ids)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    gathers = [node for node in rewritten.node if node.op == "GatherV2"]
+    flat = [node for node in gathers if node.name.endswith("/flat")]
+    assert len(flat) == expected
+    index = {node.name: node for node in rewritten.node}
+    for node in flat:  # 1-D ids, read along axis 1 of a [1, 7, 3] table: the rows come out [1, N, 3]
+        assert index[node.input[1]].op == "Reshape" and index[node.input[0]].op == "ExpandDims"
+        assert tf.make_ndarray(index[node.input[2]].attr["value"].tensor) == 1
