@@ -33,6 +33,7 @@ def run_check(
     runtime = resolve_runtime(model, options.runtime)
     extra = runner_options_for(runtime, options, lambda: [batch.inputs for batch in bundle.batches()])
     arithmetic = RUNNERS.get(runtime).arithmetic_precision(extra)
+    remedy = RUNNERS.get(runtime).arithmetic_remedy(extra) if arithmetic is not None else None
     # Unstamped (another tool's file): the precision its own tensors state, never fp32 by default; read only
     # where no --precision says it.
     precision = options.precision or _judged_precision(stamps.get(PRECISION) or file_precision(model)[0], arithmetic)
@@ -85,6 +86,7 @@ def run_check(
         first_result_s=first_result_s,
         total_s=time.perf_counter() - started,
         arithmetic=arithmetic,
+        arithmetic_remedy=remedy,
         positions=bundle.seq_len,
         layers=layers,
     )

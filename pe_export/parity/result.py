@@ -187,6 +187,7 @@ class ParityReport:
     first_result_s: float
     total_s: float
     arithmetic: str | None = None  # the runtime's own precision when coarser than the file's (a GPU's fp16)
+    arithmetic_remedy: str | None = None  # what the runtime offers instead when that arithmetic fails
     positions: int | None = None  # sequence length compared (None: no sequence axis)
     layers: LayerReport | None = None  # with --layers
 
@@ -223,6 +224,7 @@ class ParityReport:
             "runtime": self.runtime,
             "precision": self.precision,
             "arithmetic": self.arithmetic,
+            "arithmetic_remedy": self.arithmetic_remedy,
             "digest": self.digest,
             "passed": self.passed,
             "samples": self.samples,
@@ -250,6 +252,7 @@ class ParityReport:
             first_result_s=timing["first_result"],
             total_s=timing["total"],
             arithmetic=data.get("arithmetic"),
+            arithmetic_remedy=data.get("arithmetic_remedy"),
             positions=data.get("positions"),
             layers=LayerReport.from_dict(data) if "layers" in data else None,
         )
@@ -274,8 +277,9 @@ class ParityReport:
             f"(atol {tol.atol:g}, rtol {tol.rtol:g}, cosine ≥ {tol.min_cosine:g}), "
             f"{worst.cosines()}, {worst.violations} of {worst.compared} elements over{where}"
             + (
-                f"; the runtime computed in {self.arithmetic} (--gpu-precision fp32 checks the file itself)"
-                if self.arithmetic == "fp16"
+                f"; the runtime computed in {self.arithmetic}"
+                + (f" ({self.arithmetic_remedy})" if self.arithmetic_remedy else "")
+                if self.arithmetic in ("fp16", "int8")
                 else ""
             )
             + (

@@ -76,6 +76,11 @@ class Runner(ABC):
         """The precision the runtime computes in when coarser than the file's (a GPU's float16), else None."""
         return None
 
+    @classmethod
+    def arithmetic_remedy(cls, options: dict[str, Any]) -> str | None:
+        """What a run that fails at that coarser arithmetic can do instead, on this runtime (None: nothing)."""
+        return None
+
     def __enter__(self) -> Runner:
         self.activate()
         return self

@@ -84,6 +84,13 @@ class LiteRTGpuRunner(Runner):
     def arithmetic_precision(cls, options: dict[str, Any]) -> str | None:
         return options.get("gpu_precision", DEFAULT_GPU_PRECISION)
 
+    @classmethod
+    def arithmetic_remedy(cls, options: dict[str, Any]) -> str | None:
+        return (
+            "LiteRT's GPU accelerator has no per-op precision: --gpu-precision fp32 computes every op in fp32 "
+            "and checks the file itself"
+        )
+
     def activate(self) -> None:
         if "tensorflow" in sys.modules:
             raise RuntimeUnavailableError(

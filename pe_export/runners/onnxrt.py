@@ -217,6 +217,14 @@ class OnnxRuntimeRunner(Runner):
         return "int8" if build.int8 else "fp16" if build.fp16 else None
 
     @classmethod
+    def arithmetic_remedy(cls, options: dict[str, Any]) -> str | None:
+        build = options.get("tensorrt")
+        if build is None:
+            return None
+        flag = "--trt-int8" if build.int8 else "--trt-fp16"
+        return f"without {flag} TensorRT builds the file's own precision"
+
+    @classmethod
     def keeps_intermediates(cls, options: dict[str, Any]) -> bool:
         """The CPU provider only: TensorRT builds its engine around the graph's outputs and the CUDA provider runs
         fused kernels (onnxruntime's fusions stop at a value that is an output), so a value made an output there is

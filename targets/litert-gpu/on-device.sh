@@ -24,4 +24,6 @@ venv=$(mktemp -d)/venv
 "$venv/bin/pip" install -q --no-index --find-links "$prepared/wheels" ai-edge-litert numpy click || exit 2
 "$venv/bin/pip" install -q --no-index --no-deps "$prepared"/wheels/pe_export-*.whl || exit 2
 mkdir -p "$results"
-PATH="$venv/bin:$PATH" "$here/check.sh" "$prepared/golden" "$results" "$prepared"/*.tflite
+models=()  # MODEL:GOLDEN per line, as prepare.sh wrote them
+while IFS=: read -r model golden; do models+=("$prepared/$model:$prepared/$golden"); done < "$prepared/models.txt"
+PATH="$venv/bin:$PATH" "$here/check.sh" "$prepared/golden" "$results" "${models[@]}"

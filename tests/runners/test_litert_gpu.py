@@ -177,7 +177,10 @@ def test_the_failure_line_names_the_gpu_precision(vulkan_env, fixed_demo) -> Non
     )
     assert done.returncode == ExitCode.PARITY_FAILED
     last_line = done.stderr.strip().splitlines()[-1]
-    assert last_line.endswith("computed in fp16 (--gpu-precision fp32 checks the file itself)")
+    assert last_line.endswith(
+        "computed in fp16 (LiteRT's GPU accelerator has no per-op precision: --gpu-precision fp32 computes every op "
+        "in fp32 and checks the file itself)"
+    )
 
 
 def test_ops_the_gpu_lacks_are_refused_unless_the_cpu_may_take_them(vulkan_env, fixed_demo, tmp_path) -> None:

@@ -103,6 +103,7 @@ def test_parity_passes_the_modes_and_the_bundles_shapes_and_judges_by_fp16(
     report = json.loads((tmp_path / "p.json").read_text())
     # a float32 file through a float16 build: judged by the fp16 tolerance, and the report says what ran
     assert report["precision"] == "fp16" and report["runtime"] == "onnxruntime[tensorrt,cuda,cpu] trt-fp16 engine-cache"
+    assert report["arithmetic_remedy"] == "without --trt-fp16 TensorRT builds the file's own precision"
     gpu_onnxruntime.clear()
     plain = run_cli(capfd, *args, "--overwrite")
     assert plain.exit_code == ExitCode.OK
