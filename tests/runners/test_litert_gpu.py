@@ -71,7 +71,7 @@ def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     export_tflite(root / "encoder", files["dynamic"], ExportOptions(verify=False))
     make_golden(root / "encoder", root / "golden", GoldenOptions(batch=1, seq_len=SEQ_LEN))
     files["golden"] = root / "golden"
-    make_golden(root / "encoder", root / "layers", GoldenOptions(batch=1, seq_len=SEQ_LEN, samples=4, layers="all"))
+    make_golden(root / "encoder", root / "layers", GoldenOptions(batch=1, seq_len=SEQ_LEN, layers="all"))
     files["layers"] = root / "layers"
     return files
 
@@ -152,6 +152,8 @@ def test_layers_on_the_gpu_are_bisected_over_cut_files(vulkan_env, fixed_demo, t
     assert len(checked) <= 1 + len(layers).bit_length() and report["precision"] == "fp16"
     assert all(layer["relative_error"] > 1e-5 for layer in checked)  # really half precision, layer by layer
     first = report["first_divergence"]
+    if not all(output["within_tolerance"] for output in report["outputs"]):  # a failing run names its layer
+        assert first is not None  # (under lavapipe the demo's logits fail: the last LayerNorm is named)
     if first is not None:
         names = [entry["name"] for entry in layers]
         named = next(layer for layer in checked if layer["name"] == first)
