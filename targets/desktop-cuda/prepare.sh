@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Make the files targets/desktop-cuda/run-kit.sh checks on an NVIDIA GPU, in one folder: the demo encoder and a
-# MiniLM-shaped encoder (all-MiniLM-L6-v2's layer: hidden 384, 12 heads, FFN 1536; random weights, 2 layers, a
-# 2,048-token vocabulary) as ONNX in float32 and in float16 (a float16 graph, float32 islands where float16 loses
-# it), each with a golden bundle that keeps every layer's activations (a failed check then names its first layer
-# over tolerance). Run it here, where TensorFlow and keras-hub are installed; on the GPU machine run the CUDA
+# MiniLM-shaped encoder (targets/kit_encoders.sh) as ONNX in float32 and in float16 (a float16 graph, float32
+# islands where float16 loses it), each with a golden bundle that keeps every layer's activations (a failed check
+# then names its first layer over tolerance). Run it here, where TensorFlow and keras-hub are installed; on the GPU machine run the CUDA
 # image (docker/cuda.Dockerfile: pe-export, onnxruntime-gpu, TensorRT) with the folder mounted.
 #
 #   targets/desktop-cuda/prepare.sh [OUT_DIR]          (default: .device/desktop-cuda)
@@ -16,17 +15,8 @@ out=$(realpath -m "${1:-.device/desktop-cuda}")
 seq_len=32
 rm -rf "$out" && mkdir -p "$out"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-python3 -c "from pe_export.encoders import task; task.load_trained_model().export('$work/encoder', verbose=False)" \
-  > /dev/null 2>&1
-python3 - "$work/minilm-shaped" <<'PY' > /dev/null 2>&1
-import sys
-import keras
-import keras_hub
-keras.utils.set_random_seed(0)
-keras_hub.models.BertBackbone(
-    vocabulary_size=2048, num_layers=2, num_heads=12, hidden_dim=384, intermediate_dim=1536, max_sequence_length=512
-).export(sys.argv[1], verbose=False)
-PY
+. "$(dirname "$0")/../kit_encoders.sh"
+kit_encoders "$work"
 : > "$out/models.txt"
 for name in encoder minilm-shaped; do
   pe-export golden "$work/$name" --seq-len $seq_len --samples 8 --layers all -o "$out/$name.golden"

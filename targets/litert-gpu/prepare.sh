@@ -4,9 +4,8 @@
 # shapes (.tflite, float32: the accelerator runs every op of both, at fp16 and at fp32 arithmetic) with a golden
 # bundle each, wheels of pe-export, ai-edge-litert and their dependencies for the device's Python, and the
 # Vulkan loader (libvulkan1) for machines that lack one. Run it here, where TensorFlow and keras-hub are
-# installed. The MiniLM-shaped encoder is all-MiniLM-L6-v2's layer (hidden 384, 12 heads, FFN 1536, GELU,
-# learned positions, token-type table) with random weights, 2 of its 6 layers and a 2,048-token vocabulary:
-# the same ops at 1/5 of the bytes, so that the kit fits.
+# installed. The MiniLM-shaped encoder (targets/kit_encoders.sh) has all-MiniLM-L6-v2's ops at 1/5 of its bytes,
+# so that the kit fits.
 #
 #   targets/litert-gpu/prepare.sh [OUT_DIR] [DEVICE_PYTHON_VERSION]     (defaults: .device/litert-gpu 3.12)
 #
@@ -18,17 +17,8 @@ repo=$(cd -P "$(dirname "$0")/../.." && pwd)  # -P: the checkout itself, through
 seq_len=32
 rm -rf "$out" && mkdir -p "$out/wheels" "$out/debs"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-python3 -c "from pe_export.encoders import task; task.load_trained_model().export('$work/encoder', verbose=False)" \
-  > /dev/null 2>&1
-python3 - "$work/minilm-shaped" <<'PY' > /dev/null 2>&1
-import sys
-import keras
-import keras_hub
-keras.utils.set_random_seed(0)
-keras_hub.models.BertBackbone(
-    vocabulary_size=2048, num_layers=2, num_heads=12, hidden_dim=384, intermediate_dim=1536, max_sequence_length=512
-).export(sys.argv[1], verbose=False)
-PY
+. "$(dirname "$0")/../kit_encoders.sh"
+kit_encoders "$work"
 pe-export tflite "$work/encoder" --batch 1 --seq-len $seq_len -o "$out/encoder.fp32.tflite"
 pe-export golden "$work/encoder" --batch 1 --seq-len $seq_len -o "$out/golden"
 pe-export tflite "$work/minilm-shaped" --batch 1 --seq-len $seq_len -o "$out/minilm-shaped.tflite"
