@@ -420,10 +420,10 @@ def flat_lookups(graph_def: Any) -> tuple[Any, int]:
         flat_ids.input.extend([node.input[1], flat_shape.name])
         flat_ids.attr["T"].type = index_type
         flat_ids.attr["Tshape"].type = DT_INT32
-        one = _const(rewritten.node.add(), f"{node.name}/flat/leading", np.array(0, np.int32), DT_INT32)
+        leading = _const(rewritten.node.add(), f"{node.name}/flat/leading", np.array(0, np.int32), DT_INT32)
         table = rewritten.node.add()
         table.name, table.op = f"{node.name}/flat/table", "ExpandDims"
-        table.input.extend([node.input[0], one.name])
+        table.input.extend([node.input[0], leading.name])
         table.attr["T"].type = node.attr["Tparams"].type
         table.attr["Tdim"].type = DT_INT32
         axis = _const(rewritten.node.add(), f"{node.name}/flat/axis", np.array(1, np.int32), DT_INT32)
@@ -441,7 +441,7 @@ def flat_lookups(graph_def: Any) -> tuple[Any, int]:
         rows.input.extend([gather.name, rows_shape.name])
         rows.attr["T"].type = node.attr["Tparams"].type
         rows.attr["Tshape"].type = DT_INT32
-        for made in (flat_shape, flat_ids, one, table, axis, gather, rows_shape, rows):
+        for made in (flat_shape, flat_ids, leading, table, axis, gather, rows_shape, rows):
             if node.device:
                 made.device = node.device
 
