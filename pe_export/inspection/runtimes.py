@@ -36,13 +36,19 @@ def _tflite_runtime_verdict(min_runtime_version: str | None) -> RuntimeVerdict:
     return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; {MIN_RUNTIME_KEY} {min_runtime_version} ≤ {last}")
 
 
-def _litert_gpu_verdict(dynamic_inputs: list[str]) -> RuntimeVerdict:
+def _litert_gpu_verdict(dynamic_inputs: list[str], gpu_risks: list[str]) -> RuntimeVerdict:
     if dynamic_inputs:
         return RuntimeVerdict(
             "litert-gpu",
             False,
             f"the GPU needs fixed input shapes; dynamic: {', '.join(dynamic_inputs)} "
             "(export with --batch and --seq-len)",
+        )
+    if gpu_risks:
+        return RuntimeVerdict(
+            "litert-gpu",
+            False,
+            f"{'; '.join(gpu_risks)}; pe-export tflite --batch N --seq-len L writes neither",
         )
     return RuntimeVerdict(
         "litert-gpu",
@@ -56,6 +62,7 @@ def tflite_verdicts(
     custom_ops: list[str],
     min_runtime_version: str | None = None,
     dynamic_inputs: list[str] | None = None,
+    gpu_risks: list[str] | None = None,
 ) -> list[RuntimeVerdict]:
     if custom_ops:
         reason = f"custom ops {', '.join(custom_ops)} need kernels registered by the application"
@@ -73,7 +80,7 @@ def tflite_verdicts(
         RuntimeVerdict("ai-edge-litert", True, "builtin ops only"),
         _tflite_runtime_verdict(min_runtime_version),
         RuntimeVerdict("tflite+flex", True, "builtin ops only"),
-        _litert_gpu_verdict(dynamic_inputs or []),
+        _litert_gpu_verdict(dynamic_inputs or [], gpu_risks or []),
     ]
 
 

@@ -41,7 +41,7 @@ MODEL_OPERATOR_CODES, MODEL_SUBGRAPHS, MODEL_SIGNATURE_DEFS = 1, 2, 7
 OPCODE_DEPRECATED_BUILTIN, OPCODE_CUSTOM, OPCODE_BUILTIN = 0, 1, 3
 SUBGRAPH_TENSORS, SUBGRAPH_OPERATORS = 0, 3
 TENSOR_SHAPE, TENSOR_TYPE, TENSOR_BUFFER, TENSOR_NAME, TENSOR_SHAPE_SIGNATURE = 0, 1, 2, 3, 7
-OPERATOR_OPCODE_INDEX = 0
+OPERATOR_OPCODE_INDEX, OPERATOR_INPUTS = 0, 1
 SIGNATURE_INPUTS, SIGNATURE_OUTPUTS, SIGNATURE_KEY, SIGNATURE_SUBGRAPH = 0, 1, 2, 4
 TENSORMAP_NAME, TENSORMAP_INDEX = 0, 1
 
@@ -81,6 +81,44 @@ def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInf
     return SignatureInfo(signature.string(SIGNATURE_KEY), io[0], io[1])
 
 
+# Elementwise ops LiteRT's GPU accelerator misreads with a constant [N, C] operand beside a 2-D runtime tensor.
+_BROADCAST_OPS = frozenset({"ADD", "SUB", "MUL", "DIV"})
+
+
+def gpu_risks(operators: list[tuple[str, list[int]]], tensors: list[Table], constant: set[int]) -> list[str]:
+    """What LiteRT's GPU accelerator would do wrong or refuse in one subgraph, found from the ops and shapes (it
+    lays a 2-D [N, C] tensor out as N batches and its constant operand as one row; it gathers by 1-D ids only).
+    Measured under lavapipe (docs/devices.md): an ADD of a [32, 384] tensor and a constant [32, 384] added the
+    constant's row 0 to every row; a GATHER by [1, 32] ids was refused ("Only support 1D indices")."""
+    shapes = {}
+
+    def shape(index: int) -> tuple[int | None, ...]:
+        if index not in shapes:
+            shapes[index] = _tensor_spec(tensors[index], "").shape
+        return shapes[index]
+
+    risks: list[str] = []
+    for name, inputs in operators:
+        inputs = [i for i in inputs if 0 <= i < len(tensors)]
+        if name == "GATHER" and len(inputs) >= 2 and len(shape(inputs[1])) >= 2:
+            risks.append(f"GATHER by {_dims(shape(inputs[1]))} ids (the GPU takes 1-D ids: --cpu-fallback)")
+        elif name in _BROADCAST_OPS and len(inputs) == 2:
+            runtime = [i for i in inputs if i not in constant]
+            fixed = [i for i in inputs if i in constant]
+            if len(runtime) == 1 and len(fixed) == 1:
+                rows, table = shape(runtime[0]), shape(fixed[0])
+                if len(rows) == 2 and len(table) == 2 and (rows[0] or 0) > 1 and (table[0] or 0) > 1:
+                    risks.append(
+                        f"{name} of a {_dims(rows)} tensor and a constant {_dims(table)} (the GPU reads the constant's "
+                        "row 0 for every row: wrong results)"
+                    )
+    return sorted(set(risks))
+
+
+def _dims(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
     check_identifier(data, path)
     try:
@@ -93,19 +131,27 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         op_counts: Counter[str] = Counter()
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []
-        for subgraph in subgraphs:
+        risks: list[str] = []
+        for number, subgraph in enumerate(subgraphs):
             tensors = subgraph.tables(SUBGRAPH_TENSORS)
             all_tensors.append(tensors)
+            operators = []
             for operator in subgraph.tables(SUBGRAPH_OPERATORS):
                 index = int(operator.scalar(OPERATOR_OPCODE_INDEX, "I"))
-                op_counts[names[index] if index < len(names) else f"OPCODE_{index}"] += 1
-            for tensor in tensors:
+                name = names[index] if index < len(names) else f"OPCODE_{index}"
+                op_counts[name] += 1
+                operators.append((name, list(operator.scalars(OPERATOR_INPUTS, "i"))))
+            constant = set()
+            for position, tensor in enumerate(tensors):
                 buffer = int(tensor.scalar(TENSOR_BUFFER, "I"))
                 if 0 < buffer < len(buffer_sizes) and buffer_sizes[buffer] > 0 and buffer not in metadata_buffers:
+                    constant.add(position)
                     spec = _tensor_spec(tensor, tensor.string(TENSOR_NAME))
                     constants.append(
                         ConstantInfo(spec.name, spec.dtype, tuple(d or 0 for d in spec.shape), buffer_sizes[buffer])
                     )
+            if number == 0:  # the subgraph a signature runs
+                risks = gpu_risks(operators, tensors, constant)
         signatures = [_signature(signature, all_tensors) for signature in model.tables(MODEL_SIGNATURE_DEFS)]
     except CorruptFileError as err:
         raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
@@ -123,7 +169,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         constants=constants,
         flex_ops=flex,
         custom_ops=custom,
-        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY), dynamic_inputs),
+        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY), dynamic_inputs, risks),
         details={"subgraphs": str(len(subgraphs))},
         metadata=metadata,
     )

@@ -126,3 +126,48 @@ def test_tflite_runtime_verdict_reads_min_runtime_version(
 
     verdict = {v.runtime: v for v in tflite_verdicts([], [], min_runtime_version)}["tflite-runtime"]
     assert verdict.runs is runs and said in verdict.why
+
+
+def _converted(tmp_path: Path, function: object, spec: object) -> Path:
+    """``function`` at ``spec`` as the bare TFLite converter writes it (a signature, builtin ops)."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.f = tf.function(function, input_signature=[spec])
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures={"serving_default": module.f})
+    path = tmp_path / "bare.tflite"
+    path.write_bytes(tf.lite.TFLiteConverter.from_saved_model(str(tmp_path / "sm")).convert())
+    return path
+
+
+# (what, function of [1, 8] int32 ids, the litert-gpu reason it must give): what the GPU accelerator refuses or
+# gets wrong, found from the file's ops and shapes (measured under lavapipe: docs/devices.md)
+GPU_RISKS = [
+    ("GATHER by a matrix of ids", lambda tf, t, ids: tf.gather(t, ids), "GATHER by [1, 8] ids"),
+    (
+        "2-D rows plus a constant [8, 4]",
+        lambda tf, t, ids: tf.gather(t, tf.reshape(ids, [-1])) + t[:8],
+        "ADD of a [8, 4] tensor and a constant [8, 4]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "function", "reason"), GPU_RISKS, ids=[r[0] for r in GPU_RISKS])
+def test_what_the_gpu_would_refuse_or_get_wrong_is_named(tmp_path: Path, what: str, function, reason: str) -> None:
+    import tensorflow as tf
+
+    table = tf.constant(np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32))
+    path = _converted(tmp_path, lambda ids: function(tf, table, ids), tf.TensorSpec([1, 8], tf.int32, name="ids"))
+    gpu = next(v for v in inspect_path(path).runs_on if v.runtime == "litert-gpu")
+    assert not gpu.runs and reason in gpu.why, gpu.why
+
+
+def test_a_fixed_shape_export_has_neither(saved_model, tmp_path: Path) -> None:
+    from pe_export.api import export_tflite
+    from pe_export.converters.options import ExportOptions
+
+    path = tmp_path / "fixed.tflite"
+    report = export_tflite(saved_model("encoder_multi_io"), path, ExportOptions(batch=1, seq_len=16, verify=False))
+    assert report.exit_code == ExitCode.OK
+    gpu = next(v for v in inspect_path(path).runs_on if v.runtime == "litert-gpu")
+    assert gpu.runs, gpu.why
