@@ -42,10 +42,15 @@ def split_rows(cases: Cases, every: int) -> tuple[Cases, Cases] | None:
     return part(kept, f"{case}, choice part"), part(held, case)
 
 
+def whole_batches(rows: int, batch: int) -> list[np.ndarray]:
+    """The row indices of each run of ``batch`` rows that covers ``rows`` rows, for a file whose batch axis is
+    fixed: a short last run is filled with the first rows again (a row judged twice moves no worst-case figure)."""
+    return [np.arange(start, start + batch) % rows for start in range(0, rows, batch)]
+
+
 def in_batches(cases: Cases, batch: int | None) -> Cases:
-    """``cases`` cut into cases of ``batch`` rows each, for a file whose batch axis is fixed (None: as they are).
-    A short last part is filled with the case's first rows again: the file runs only whole batches, and a row
-    judged twice moves no worst-case figure."""
+    """``cases`` cut into cases of ``batch`` rows each (``whole_batches``), for a file whose batch axis is fixed
+    (None: as they are)."""
     if batch is None:
         return cases
     feeds, valid = cases
@@ -55,8 +60,7 @@ def in_batches(cases: Cases, batch: int | None) -> Cases:
         if rows == batch:
             cut_feeds[case], cut_valid[case] = feed, valid[case]
             continue
-        for part, start in enumerate(range(0, rows, batch)):
-            index = np.arange(start, start + batch) % rows
+        for part, index in enumerate(whole_batches(rows, batch)):
             name = f"{case} {part + 1}" if rows > batch else case
             cut_feeds[name] = {key: np.take(array, index, axis=0) for key, array in feed.items()}
             cut_valid[name] = valid[case][index]

@@ -90,12 +90,9 @@ def gpu_risks(operators: list[tuple[str, list[int]]], tensors: list[Table], cons
     lays a 2-D [N, C] tensor out as N batches and its constant operand as one row; it gathers by 1-D ids only).
     Measured under lavapipe (docs/devices.md): an ADD of a [32, 384] tensor and a constant [32, 384] added the
     constant's row 0 to every row; a GATHER by [1, 32] ids was refused ("Only support 1D indices")."""
-    shapes = {}
 
     def shape(index: int) -> tuple[int | None, ...]:
-        if index not in shapes:
-            shapes[index] = _tensor_spec(tensors[index], "").shape
-        return shapes[index]
+        return _tensor_spec(tensors[index], "").shape
 
     risks: list[str] = []
     for name, inputs in operators:

@@ -199,18 +199,20 @@ def create_runner(name: str, model_path: Path, **options: Any) -> Runner:
 
 
 def infer_rows(runner: Runner, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``runner.infer`` on ``feed``'s rows, in as many runs as a file of a fixed batch needs: a bundle stored 4
-    rows a batch checks a batch-1 file, a short last part filled with the first rows again and dropped from the
-    outputs (what the TFLite and onnxruntime CPU kernels would otherwise refuse as a shape mismatch)."""
+    """``runner.infer`` on ``feed``'s rows, in as many runs as a file of a fixed batch needs (``whole_batches``; the
+    filled rows are dropped from the outputs): a bundle stored 4 rows a batch checks a batch-1 file, where the
+    TFLite and onnxruntime CPU kernels would refuse the shape."""
+    from pe_export.holdout import whole_batches
+
     batches = {spec.shape[0] for spec in runner.input_specs() if spec.shape and spec.shape[0] is not None}
     rows = {int(array.shape[0]) for array in feed.values() if np.ndim(array)}
     if len(batches) != 1 or len(rows) != 1 or batches == rows:
         return runner.infer(feed)
     (batch,), (count,) = batches, rows
-    parts = []
-    for start in range(0, count, batch):
-        index = np.arange(start, start + batch) % count
-        parts.append(runner.infer({name: np.take(array, index, axis=0) for name, array in feed.items()}))
+    parts = [
+        runner.infer({name: np.take(array, index, axis=0) for name, array in feed.items()})
+        for index in whole_batches(count, batch)
+    ]
     joined = {}
     for name, first in parts[0].items():
         if np.ndim(first) and first.shape[0] == batch:
