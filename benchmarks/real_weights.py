@@ -38,12 +38,15 @@ from pe_export.text_inputs import TextInputs  # noqa: E402
 from tests.fixtures.pretrained import HELD_OUT, SENTENCES, minilm  # noqa: E402
 
 RUNNERS = {"tflite": "litert", "onnx": "onnxruntime"}
-VARIANTS = (  # label, format, options beyond --text; None: the runtime's own default, not pe-export
+VARIANTS = (  # label, format, options beyond --text; a string: a converter's own mode (``runtime_default``)
     ("fp32", "tflite", {}),
     ("float16", "tflite", {"quantize": "float16"}),
     ("float16 --compress 64", "tflite", {"quantize": "float16", "tables": TableOptions(compress=64)}),
     ("--compress 64", "tflite", {"tables": TableOptions(compress=64)}),
-    ("TFLite converter dynamic-range default", "tflite", None),
+    ("TFLite converter dynamic-range default", "tflite", "tflite-dynamic"),
+    ("TFLite converter full int8 (the given sentences)", "tflite", "tflite-full-int8"),
+    ("TFLite converter 16x8 (int16 activations, int8 weights)", "tflite", "tflite-16x8"),
+    ("int8 (full integer)", "tflite", {"quantize": "int8"}),
     ("dynamic-int8", "tflite", {"quantize": "dynamic-int8"}),
     ("dynamic-int8 --min-cosine 0.999", "tflite", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
     ("fp32", "onnx", {}),
@@ -58,8 +61,12 @@ VARIANTS = (  # label, format, options beyond --text; None: the runtime's own de
         {"quantize": "dynamic-int8", "min_cosine": 0.999, "outlier_channels": 0},
     ),
     ("dynamic-int8 --min-cosine 0.999", "onnx", {"quantize": "dynamic-int8", "min_cosine": 0.999}),
+    ("int8 (static QDQ)", "onnx", {"quantize": "int8"}),
+    ("int8 (static QDQ) --min-cosine 0.999", "onnx", {"quantize": "int8", "min_cosine": 0.999}),
     ("weight-int8 (storage only)", "onnx", {"quantize": "weight-int8"}),
-    ("onnxruntime quantize_dynamic default", "onnx", None),
+    ("onnxruntime quantize_dynamic default", "onnx", "ort-dynamic"),
+    ("onnxruntime quantize_static QDQ default", "onnx", "ort-static"),
+    ("onnxruntime quantize_static QDQ per-channel, MatMul only", "onnx", "ort-static-matmul"),
 )
 
 
@@ -134,19 +141,38 @@ def measure(
     return outputs, float(timed.stdout.strip().splitlines()[-1])
 
 
-def runtime_default(target: str, saved: Path, fp32: Path, output: Path) -> None:
-    """The int8 a user gets without pe-export: the TFLite converter's dynamic-range mode, onnxruntime's
-    quantize_dynamic with its defaults (on pe-export's fp32 file)."""
-    if target == "tflite":
+def runtime_default(mode: str, saved: Path, fp32: Path, output: Path, given: list[dict[str, np.ndarray]]) -> None:
+    """The int8 a user gets without pe-export: the TFLite converter's modes (dynamic range; full int8 and 16x8
+    with the given sentences as the representative dataset, one per call), onnxruntime's quantize_dynamic and
+    quantize_static with their defaults, and static per-channel on the MatMuls only (on pe-export's fp32 file,
+    calibrated on the given sentences)."""
+    if mode.startswith("tflite"):
         tf = import_tensorflow()
         converter = tf.lite.TFLiteConverter.from_saved_model(str(saved))
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if mode != "tflite-dynamic":
+            converter.representative_dataset = lambda: ({k: v for k, v in feed.items()} for feed in given)
+            ops = tf.lite.OpsSet
+            int16 = ops.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+            converter.target_spec.supported_ops = [int16 if mode == "tflite-16x8" else ops.TFLITE_BUILTINS_INT8]
         output.write_bytes(converter.convert())
         return
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(given)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    quantize_dynamic(str(fp32), str(output), weight_type=QuantType.QInt8)
+    if mode == "ort-dynamic":
+        quantize_dynamic(str(fp32), str(output), weight_type=QuantType.QInt8)
+    elif mode == "ort-static":
+        quantize_static(str(fp32), str(output), Reader())
+    else:
+        quantize_static(str(fp32), str(output), Reader(), per_channel=True, op_types_to_quantize=["MatMul"])
 
 
 def main() -> None:
@@ -181,8 +207,13 @@ def main() -> None:
         if target not in args.formats or (args.only and args.only not in label and label != "fp32"):
             continue
         path = work / f"{index}.{target}"
-        if extra is None:
-            runtime_default(target, saved, work / f"{VARIANTS.index(('fp32', target, {}))}.{target}", path)
+        if isinstance(extra, str):
+            fp32 = work / f"{VARIANTS.index(('fp32', target, {}))}.{target}"
+            try:
+                runtime_default(extra, saved, fp32, path, given)
+            except Exception as err:  # the converter's own failure is the row's figure
+                print(f"{target:<7} {label:<52} fails: {str(err).strip().splitlines()[-1][:160]}", flush=True)
+                continue
             code = "-"
         else:
             export = export_tflite if target == "tflite" else export_onnx

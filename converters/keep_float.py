@@ -160,7 +160,7 @@ def keep_float_to_target(
         raise BadInputError("--keep-float names every int8 weight of this file: nothing would be int8 (name fewer)")
 
     def score(got: dict, want: dict, mask: np.ndarray | None) -> Score:
-        return _score(got, want, mask, tolerance, judging.sequence_outputs)
+        return feed_score(got, want, mask, tolerance, judging.sequence_outputs)
 
     def judge(kept: list[str], probe: list[Unit] | None = None) -> tuple[Any, float, bool, dict[Unit, Score]]:
         """The model with ``kept`` in float, its worst cosine and verdict on every input (or on the probe's
@@ -235,13 +235,15 @@ def _nothing_meets(mode: str, tolerance: Tolerance, cosine: float, count: int) -
             "weight-float16 for float16 storage with float32 arithmetic)"
         )
     return (
-        f"dynamic-int8: no file with an int8 weight meets the target ({target}) on the inputs it chooses on: every "
+        f"int8: no file with an int8 weight meets the target ({target}) on the inputs it chooses on: every "
         f"weight int8 reached {cosine:.6f}, and no count short of all {count} kept in float passes; nothing was "
         "written. Ask for less (--min-cosine), or export in float (no --quantize, or --quantize float16)"
     )
 
 
-def _score(got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None) -> Score:
+def feed_score(
+    got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None
+) -> Score:
     """(verdict, worst cosine) of one feed's outputs: the cosine of each output and of its mean-pooled rows."""
     worst, ok = 1.0, True
     for name in want:

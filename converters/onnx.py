@@ -131,6 +131,8 @@ def _quantized(model: Any, options: ExportOptions, judge: JudgeFeeds | None, not
         return _float16_arithmetic(model, options, judge, notes)
     if options.quantize == "dynamic-int8":
         return _dynamic_int8(model, options, judge, notes)
+    if options.quantize == "int8":
+        return _static_int8(model, options, judge, notes)
     if options.quantize == "weight-int8":
         model, count, replaced = weight_only_int8(model)
         notes.append(
@@ -210,6 +212,24 @@ def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, 
     )
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
+    return outcome.model
+
+
+def _static_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+    try:
+        from pe_export.converters.onnx_static_int8 import static_int8_to_target
+    except ImportError as err:
+        raise missing_extra("onnxruntime", "convert") from err
+    feeds, valid, sequence = judge() if judge is not None else ([], [], None)
+    if not feeds:
+        raise BadInputError(
+            "--quantize int8 for ONNX calibrates its activation ranges on inputs, and none were given: pass --text "
+            "or --inputs"
+        )
+    outcome = static_int8_to_target(
+        model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, outliers_per_input=options.outliers
+    )
+    notes.extend(outcome.notes("quantizable nodes"))
     return outcome.model
 
 

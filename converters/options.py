@@ -13,6 +13,7 @@ from pe_export.constants import (
     MAX_OUTLIER_CHANNELS,
     MAX_SEQ_LEN,
     MIN_ONNX_OPSET,
+    ONNX_OUTLIER_MODES,
     ONNX_QUANTIZE_MODES,
     OUTLIER_CHANNELS,
     PRECISION_OF_QUANTIZE,
@@ -79,17 +80,18 @@ class ExportOptions:
         if self.keep_float and not searching:
             raise BadInputError(
                 f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float) and ONNX's "
-                f"--quantize float16 (the nodes kept float32), not --quantize {self.quantize} for {file_format}; "
+                f"--quantize int8 and float16 (the nodes kept float, float32), not --quantize {self.quantize} for "
+                f"{file_format}; "
                 "pass one of those or drop --keep-float"
             )
         # dynamic-int8's search runs with the verification; float16's measures whatever is asked (pe_export/api.py)
-        if self.keep_float and not self.verify and self.quantize == "dynamic-int8":
+        if self.keep_float and not self.verify and "int8" in self.quantize and searching:
             raise BadInputError(
                 "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
             )
-        if self.outlier_channels is not None and (file_format, self.quantize) != ("onnx", "dynamic-int8"):
+        if self.outlier_channels is not None and (file_format, self.quantize) not in ONNX_OUTLIER_MODES:
             raise BadInputError(
-                f"--outlier-channels applies to ONNX --quantize dynamic-int8 (the channels split off its int8 "
+                f"--outlier-channels applies to ONNX --quantize dynamic-int8 and int8 (the channels split off the int8 "
                 f"products), not --quantize {self.quantize} for {file_format}; drop --outlier-channels"
             )
         check_range("--outlier-channels", self.outlier_channels, 0, MAX_OUTLIER_CHANNELS)

@@ -308,7 +308,8 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             options,
             quiet=quiet,
             prepared=prepared,
-            judge=job.judge_feeds if options.verify or options.quantize == "float16" else None,  # it measures
+            # float16 measures its values and static int8 calibrates on the inputs, whether verified or not
+            judge=job.judge_feeds if options.verify or options.quantize in ("float16", "int8") else None,
             float_out=float_files if options.layer_map and options.verify else None,
         ),
     )
@@ -468,7 +469,8 @@ class _Job:
         if self.options.text is not None:
             from pe_export.text_inputs import TextInputs, text_feed
 
-            sentences = TextInputs(path, self.options.text.tokenizer)
+            option = "--text" if path == self.options.text.text else "--holdout"
+            sentences = TextInputs(path, self.options.text.tokenizer, option)
             feed, valid = text_feed(self.specs, self.bounds, sentences, self.given or self.source, self.check_length)
             return {case or "text": feed}, {case or "text": valid}
         from pe_export.golden import user_batches

@@ -128,8 +128,8 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 "--keep-float",
                 "keep_float",
                 multiple=True,
-                help="dynamic-int8: leave this weight float (ONNX float16: this node float32); its name, or a layer "
-                "path in names. Repeatable.",
+                help="dynamic-int8 and ONNX int8: leave this weight (or node) float (ONNX float16: this node float32); "
+                "its name, or a layer path in names. Repeatable.",
             ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option(
@@ -327,8 +327,8 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
     "--outlier-channels",
     type=int,
     default=None,
-    help=f"dynamic-int8: compute up to N outlier channels of each MatMul input in float beside its int8 product "
-    f"(default {OUTLIER_CHANNELS}; 0: none).",
+    help=f"dynamic-int8 and int8: compute up to N outlier channels of each MatMul input in float beside its int8 "
+    f"product (default {OUTLIER_CHANNELS}; 0: none).",
 )
 @click.pass_context
 def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:

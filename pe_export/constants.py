@@ -10,7 +10,8 @@ MAX_ONNX_OPSET = 23  # the newest tf2onnx targets
 TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
 # ONNX float16 computes in float16 (float32 islands where the values need it); weight-float16 stores the weights in
 # float16 and computes in float32, as TFLite's float16 does on a CPU
-ONNX_QUANTIZE_MODES = ("none", "float16", "weight-float16", "dynamic-int8", "weight-int8")
+# int8: static, QDQ around the MatMuls (TensorRT int8, onnxruntime QLinear kernels), calibrated on the inputs
+ONNX_QUANTIZE_MODES = ("none", "float16", "weight-float16", "dynamic-int8", "int8", "weight-int8")
 
 # Precision that each quantize mode is judged at by the parity tolerances.
 PRECISION_OF_QUANTIZE = {
@@ -37,7 +38,7 @@ CALIBRATION_SAMPLES = 32
 # seed, apart from the verification's.
 HOLDOUT_EVERY = 4
 CHOICE_SEED = 1000
-DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "float16")}
+DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "int8", "float16")}
 # Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
 # model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)
 # ONNX dynamic-int8: input channels per MatMul input split off the int8 product into a float one beside it
@@ -45,8 +46,9 @@ DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "
 # all-MiniLM-L6-v2, every weight int8, held-out worst pooled cosine by channels per input: 0 → 0.958, 1 → 0.9928,
 # 2 → 0.9968, 4 → 0.9968, 8 → 0.9973 (2: 28 channels of 18 of its 25 MatMul inputs, +114 kB of float rows).
 OUTLIER_CHANNELS = 2
+ONNX_OUTLIER_MODES = (("onnx", "dynamic-int8"), ("onnx", "int8"))
 MAX_OUTLIER_CHANNELS = 64
-KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8",), "onnx": ("dynamic-int8", "float16")}
+KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8",), "onnx": ("dynamic-int8", "int8", "float16")}
 
 # `pe-export bench` defaults.
 BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128

@@ -27,6 +27,7 @@ class TextInputs:
 
     text: Path
     tokenizer: Path | None = None
+    option: str = "--text"  # the option that gave ``text``, for messages (--holdout reads the same form)
 
     def tokenizer_path(self, saved_model: Path) -> Path:
         if self.tokenizer is not None:
@@ -44,18 +45,18 @@ class TextInputs:
         )
 
 
-def read_lines(path: Path) -> list[str]:
+def read_lines(path: Path, option: str = "--text") -> list[str]:
     try:
         lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     except (OSError, UnicodeDecodeError) as err:
         raise BadInputError(
-            f"--text {path} cannot be read as UTF-8 text ({err.__class__.__name__}); expected one sentence per line"
+            f"{option} {path} cannot be read as UTF-8 text ({err.__class__.__name__}); expected one sentence per line"
         ) from None
     lines = [line for line in lines if line]
     if not lines:
-        raise BadInputError(f"--text {path} has no non-empty line; expected one sentence per line")
+        raise BadInputError(f"{option} {path} has no non-empty line; expected one sentence per line")
     if len(lines) > MAX_TEXT_LINES:
-        raise BadInputError(f"--text {path} has {len(lines):,} lines; at most {MAX_TEXT_LINES:,} are read")
+        raise BadInputError(f"{option} {path} has {len(lines):,} lines; at most {MAX_TEXT_LINES:,} are read")
     return lines
 
 
@@ -87,7 +88,7 @@ def text_feed(
         raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
     fixed = tokens.sequence_length or length
     limit = fixed or max_len
-    encoded = [tokenizer.encode(line).ids for line in read_lines(inputs.text)]
+    encoded = [tokenizer.encode(line).ids for line in read_lines(inputs.text, inputs.option)]
     if limit is not None:
         encoded = [ids[:limit] for ids in encoded]
     length = fixed or max(len(ids) for ids in encoded)

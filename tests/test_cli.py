@@ -83,7 +83,7 @@ def test_fixed_model_length_cannot_be_changed(capfd, saved_model, tmp_path: Path
             ["signature 'nope'", "serving_default"],
         ),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--quantize", "int4"], ["int4"]),
-        (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--quantize", "int8"], ["'int8'"]),
+        (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--quantize", "weight-int8"], ["'weight-int8'"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "0"], ["--seq-len 0 is out of range"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "-5"], ["--seq-len -5 is out of range"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "9999999999"], ["out of range"]),

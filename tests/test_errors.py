@@ -52,8 +52,8 @@ def test_check_range_is_inclusive_and_ignores_absent_options() -> None:
         ),
         (
             lambda: ExportOptions(quantize="float16", outlier_channels=0).validate("onnx"),
-            "--outlier-channels applies to ONNX --quantize dynamic-int8 (the channels split off its int8 products), "
-            "not --quantize float16 for onnx",
+            "--outlier-channels applies to ONNX --quantize dynamic-int8 and int8 (the channels split off the int8 "
+            "products), not --quantize float16 for onnx",
         ),
     ],
 )

@@ -177,6 +177,25 @@ def test_int8_chooses_on_part_of_the_sentences_and_is_judged_on_the_rest(
         capfd, "tflite", model, "-o", tmp_path / "d.tflite", "--quantize", "dynamic-int8", "--holdout", held
     )
     assert_one_line_error(refused, 2, "--holdout", "needs --text or --inputs")
+    # A --holdout that cannot be read is named as --holdout (it had been called --text).
+    missing = tmp_path / "missing.txt"
+    unread = run_cli(
+        capfd,
+        "tflite",
+        model,
+        "-o",
+        tmp_path / "e.tflite",
+        "--quantize",
+        "dynamic-int8",
+        "--text",
+        given,
+        "--tokenizer",
+        tokenizer,
+        "--holdout",
+        missing,
+    )
+    assert_one_line_error(unread, 2, f"--holdout {missing}", "cannot be read as UTF-8 text")
+    assert not (tmp_path / "e.tflite").exists()
 
 
 def test_a_fixed_shape_export_and_its_bundle_take_the_sentences_at_that_shape(

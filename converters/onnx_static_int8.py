@@ -1,0 +1,275 @@
+"""Static int8 ONNX in QDQ form (``--quantize int8``): the graph TensorRT's int8 and onnxruntime's QLinear
+kernels take, calibrated on the export's own inputs and driven by accuracy like dynamic int8.
+
+- Every MatMul (weight products, and the attention's two activation products) reads its inputs through a
+  QuantizeLinear/DequantizeLinear pair: activations symmetric int8 with one static range per tensor (TensorRT
+  takes zero points of 0 only), weights symmetric int8 per output channel. Embedding tables int8 with a step
+  per row (``onnx_table_int8``). LayerNorm, softmax and GELU stay float (TensorRT runs them in its own
+  precision; neither onnxruntime nor TensorRT has an int8 LayerNorm).
+- Activations smoothed into the weights and their outlier channels computed in float beside the int8
+  product first (``onnx_smooth``; ``--outlier-channels``). Measured on all-MiniLM-L6-v2 (48 varied sentences
+  to calibrate, 32 others to judge, worst mean-pooled cosine, every MatMul int8): onnxruntime's
+  ``quantize_static`` min-max 0.613, entropy 0.609; smoothed with outlier channels split off min-max 0.931,
+  entropy 0.986. One place dominates: the feed-forward output MatMul reads the GELU's output, whose massive
+  [CLS] activations no single static range serves (one of them alone int8: 0.83-0.96).
+- The calibration method (min-max, percentile, entropy) is chosen by accuracy on data it did not calibrate
+  on: each method's ranges from every other input the export chooses on, the all-int8 file judged on the
+  rest; the chosen method then calibrates on all of them.
+- The nodes that cost most accuracy per weight byte are kept float (weights stored in float16, no QDQ) by the
+  search of ``keep_float`` until the target holds; the export's held-out part then decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pe_export.constants import OUTLIER_CHANNELS
+from pe_export.converters.keep_float import (
+    Judging,
+    KeepFloatOutcome,
+    feed_score,
+    keep_float_to_target,
+    resolve_asked,
+    with_single_rows,
+)
+from pe_export.converters.onnx_outliers import is_side_node
+from pe_export.converters.onnx_quantize import (
+    _each_output,
+    _run,
+    int8_ready,
+    quantizable_nodes,
+    weight_bytes,
+    weight_kinds,
+)
+from pe_export.converters.onnx_rewrites import drop_unread_initializers, float16_stored
+from pe_export.converters.onnx_smooth import _with_outputs, smooth_activations
+from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
+from pe_export.parity.tolerances import Tolerance
+
+Feeds = list[dict[str, np.ndarray]]
+# calibration methods, each a function of one tensor's collected values to its symmetric range
+PERCENTILE = 99.999
+HISTOGRAM_BINS = 2048
+
+
+@dataclass
+class Calibrated:
+    """Symmetric ranges per activation tensor, by method."""
+
+    ranges: dict[str, dict[str, float]]  # method → tensor → |range|
+
+    def methods(self) -> list[str]:
+        return list(self.ranges)
+
+
+def matmul_activations(model: Any) -> dict[str, list[str]]:
+    """Float tensors each quantized MatMul reads that are not constants: what static calibration ranges.
+    The side products of split outlier channels stay float (``onnx_outliers``)."""
+    constants = {init.name for init in model.graph.initializer}
+    produced_by_constant = {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    reads: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or is_side_node(node.name):
+            continue
+        reads[node.name] = [i for i in node.input[:2] if i not in constants and i not in produced_by_constant]
+    return reads
+
+
+def static_candidates(model: Any) -> list[str]:
+    """What the search may keep float, in graph order: the quantizable weights (``quantizable_nodes``) and the
+    MatMuls of two activations (the attention's), which hold no weight: keeping one float costs no bytes."""
+    weights = set(quantizable_nodes(model))
+    activations = {name for name, reads in matmul_activations(model).items() if len(reads) == 2}
+    return [node.name for node in model.graph.node if node.name in weights | activations]
+
+
+def calibrate(model: Any, feeds: Feeds, tensors: list[str]) -> Calibrated:
+    """Each tensor's symmetric range by min-max, percentile and entropy over ``feeds`` (one onnxruntime call
+    each; onnxruntime's own histogram collector for percentile and entropy, fed call by call so that nothing
+    is held but histograms)."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    peaks: dict[str, float] = {}
+    collectors = {
+        "percentile": HistogramCollector("percentile", True, HISTOGRAM_BINS, 128, PERCENTILE, "same"),
+        # onnxruntime's own bin count for entropy: its threshold search is quadratic in bins (2,048: 80 s on MiniLM)
+        "entropy": HistogramCollector("entropy", True, 128, 128, PERCENTILE, "same"),
+    }
+    capturing = _with_outputs(model, tensors)
+    quiet = io.StringIO()
+    with contextlib.redirect_stdout(quiet):  # the collectors print their progress
+        for captured in _each_output(capturing, feeds, tensors):
+            for name in tensors:
+                values = np.asarray(captured[name], np.float32)
+                peaks[name] = max(peaks.get(name, 0.0), float(np.abs(values).max()) if values.size else 0.0)
+            for collector in collectors.values():
+                collector.collect({name: [np.asarray(captured[name], np.float32)] for name in tensors})
+        ranges = {"min-max": peaks}
+        for method, collector in collectors.items():
+            found = collector.compute_collection_result()
+            ranges[method] = {name: float(max(abs(found[name][0]), abs(found[name][1]))) for name in tensors}
+    return Calibrated(ranges)
+
+
+def qdq_model(model: Any, ranges: dict[str, float], kept: list[str], tables: bool = True) -> Any:
+    """``model`` (float) with QDQ around every MatMul not in ``kept`` (symmetric int8 activations from
+    ``ranges``, weights per output channel), tables int8 per row unless kept; kept weights stored in float16."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    kept_set = set(kept)
+    quantized_nodes = [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul" and not is_side_node(node.name) and node.name not in kept_set
+    ]
+    data = {name: TensorData(lowest=np.float32(-peak), highest=np.float32(peak)) for name, peak in ranges.items()}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if not quantized_nodes:  # the quantizer reads an empty list as every node
+        _store_kept_in_float16(copy, kept_set)
+        return copy
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantizer = QDQQuantizer(
+            copy,
+            True,  # per-channel weights
+            False,
+            QuantType.QInt8,
+            QuantType.QInt8,
+            TensorsData(CalibrationMethod.MinMax, data),
+            quantized_nodes,
+            [],
+            ["MatMul"],
+            {
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1},  # output channels of a [K, N] weight
+                "OpTypesToExcludeOutputQuantization": ["MatMul"],  # QDQ on inputs only: the pattern TensorRT fuses
+            },
+        )
+        quantizer.quantize_model()
+        quantizer.model.topological_sort()  # the quantizer appends its Q/DQ nodes after their readers
+        quantized = quantizer.model.model
+    finally:
+        root.setLevel(level)
+    if tables:
+        rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in kept_set])
+    _store_kept_in_float16(quantized, kept_set)
+    return quantized
+
+
+def _store_kept_in_float16(model: Any, kept: set[str]) -> None:
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    casts, replaced = [], set()
+    for node in graph.node:
+        if node.name not in kept:
+            continue
+        for name in node.input:
+            init = initializers.get(name)
+            if init is None or name in replaced or len(init.dims) < 2 or init.data_type != 1:
+                continue
+            stored = float16_stored(init)
+            if stored is not None:
+                graph.initializer.remove(init)
+                graph.initializer.append(stored[0])
+                casts.append(stored[1])
+                replaced.add(name)
+    if casts:
+        nodes = casts + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        drop_unread_initializers(graph)
+
+
+def choose_method(
+    model: Any,
+    feeds: Feeds,
+    masks: list[np.ndarray | None],
+    tensors: list[str],
+    tolerance: Tolerance,
+    sequence_outputs: set[str] | None,
+) -> tuple[str, dict[str, float], dict[str, float]]:
+    """The calibration method whose all-int8 file does best on inputs it was not calibrated on (every other
+    feed calibrates, the rest judge), then its ranges over every feed. Returns (method, ranges, each
+    method's worst cosine on the judging half)."""
+    if len(feeds) < 2:
+        method = "min-max"
+        return method, calibrate(model, feeds, tensors).ranges[method], {}
+    fit, judge = feeds[0::2], feeds[1::2]
+    judge_masks = masks[1::2]
+    expected = _run(model, judge)
+    trial = calibrate(model, fit, tensors)
+    figures = {}
+    for method in trial.methods():
+        candidate = qdq_model(model, trial.ranges[method], [], tables=False)
+        got = _run(candidate, judge)
+        units = zip(got, expected, judge_masks, strict=True)
+        scores = [feed_score(*unit, tolerance, sequence_outputs) for unit in units]
+        figures[method] = min(cosine for _, cosine in scores)
+    method = max(figures, key=lambda name: figures[name])
+    return method, calibrate(model, feeds, tensors).ranges[method], figures
+
+
+def static_int8_to_target(
+    model: Any,
+    feeds: Feeds,
+    tolerance: Tolerance,
+    valid: list[np.ndarray | None] | None = None,
+    sequence_outputs: set[str] | None = None,
+    keep: tuple[str, ...] = (),
+    outliers_per_input: int = OUTLIER_CHANNELS,
+) -> KeepFloatOutcome:
+    """Static QDQ int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does: the
+    nodes ``keep`` names float in every candidate, the search keeping the most sensitive others float."""
+    if not feeds:
+        raise ValueError("static int8 needs inputs to calibrate on")
+    prepared, steps = int8_ready(model)
+    asked = resolve_asked(keep, static_candidates(prepared), "int8 node")
+    feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
+    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
+    if smoothing.smoothed or smoothing.outlier_channels:
+        steps.append(smoothing.note())
+    tensors = sorted({name for reads in matmul_activations(smoothed).values() for name in reads})
+    method, ranges, figures = choose_method(smoothed, feeds, masks, tensors, tolerance, sequence_outputs)
+    said = ", ".join(f"{name} {figure:.4f}" for name, figure in figures.items())
+    steps.append(
+        f"activation ranges by {method}"
+        + (f" (worst cosine of each method's all-int8 file on inputs it did not calibrate on: {said})" if said else "")
+    )
+    outcome = keep_float_to_target(
+        static_candidates(smoothed),
+        weight_bytes(smoothed),  # none for an activation product
+        lambda kept: qdq_model(smoothed, ranges, kept),
+        _run,
+        Judging(feeds, masks, expected, sequence_outputs=sequence_outputs),
+        tolerance,
+        weight_kinds(smoothed),
+        asked,
+        kept_bytes=2,
+    )
+    outcome.steps = steps
+    return outcome
+
+
+def qdq_counts(model: Any) -> dict[str, int]:
+    """QuantizeLinear/DequantizeLinear nodes and MatMuls that read a DequantizeLinear: what the file holds."""
+    producers = {output: node.op_type for node in model.graph.node for output in node.output}
+    matmuls = [node for node in model.graph.node if node.op_type == "MatMul"]
+    return {
+        "QuantizeLinear": sum(node.op_type == "QuantizeLinear" for node in model.graph.node),
+        "DequantizeLinear": sum(node.op_type == "DequantizeLinear" for node in model.graph.node),
+        "MatMul int8": sum(all(producers.get(i) == "DequantizeLinear" for i in node.input[:2]) for node in matmuls),
+        "MatMul": len(matmuls),
+    }
