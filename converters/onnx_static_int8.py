@@ -33,6 +33,7 @@ from pe_export.constants import OUTLIER_CHANNELS
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
+    batch_rows,
     feed_score,
     keep_float_to_target,
     resolve_asked,
@@ -193,6 +194,19 @@ def _store_kept_in_float16(model: Any, kept: set[str]) -> None:
         drop_unread_initializers(graph)
 
 
+def sample_rows(feeds: Feeds, masks: list[np.ndarray | None]) -> tuple[Feeds, list[np.ndarray | None]]:
+    """Every sample of ``feeds`` as a feed of its own (a batch's rows one by one), with its mask: what a split
+    into calibrating and judging samples divides, so that no sample is on both sides inside a batch."""
+    rows: Feeds = []
+    row_masks: list[np.ndarray | None] = []
+    for feed, mask in zip(feeds, masks, strict=True):
+        count = batch_rows(feed)
+        for row in range(count):
+            rows.append(feed if count == 1 else {name: array[row : row + 1] for name, array in feed.items()})
+            row_masks.append(mask if count == 1 or mask is None else mask[row : row + 1])
+    return rows, row_masks
+
+
 def choose_method(
     model: Any,
     feeds: Feeds,
@@ -200,15 +214,15 @@ def choose_method(
     tensors: list[str],
     tolerance: Tolerance,
     sequence_outputs: set[str] | None,
-) -> tuple[str, dict[str, float], dict[str, float]]:
-    """The calibration method whose all-int8 file does best on inputs it was not calibrated on (every other
-    feed calibrates, the rest judge), then its ranges over every feed. Returns (method, ranges, each
-    method's worst cosine on the judging half)."""
-    if len(feeds) < 2:
-        method = "min-max"
-        return method, calibrate(model, feeds, tensors).ranges[method], {}
-    fit, judge = feeds[0::2], feeds[1::2]
-    judge_masks = masks[1::2]
+) -> tuple[str, dict[str, float]]:
+    """The calibration method whose all-int8 file does best on samples it was not calibrated on (every other
+    sample calibrates, the rest judge), and each method's worst cosine on the judging half (none with fewer
+    than two samples: min-max, which clips nothing it saw)."""
+    samples, sample_masks = sample_rows(feeds, masks)
+    if len(samples) < 2:
+        return "min-max", {}
+    fit, judge = samples[0::2], samples[1::2]
+    judge_masks = sample_masks[1::2]
     expected = _run(model, judge)
     trial = calibrate(model, fit, tensors)
     figures = {}
@@ -218,8 +232,7 @@ def choose_method(
         units = zip(got, expected, judge_masks, strict=True)
         scores = [feed_score(*unit, tolerance, sequence_outputs) for unit in units]
         figures[method] = min(cosine for _, cosine in scores)
-    method = max(figures, key=lambda name: figures[name])
-    return method, calibrate(model, feeds, tensors).ranges[method], figures
+    return max(figures, key=lambda name: figures[name]), figures
 
 
 def static_int8_to_target(
@@ -237,12 +250,15 @@ def static_int8_to_target(
         raise ValueError("static int8 needs inputs to calibrate on")
     prepared, steps = int8_ready(model)
     asked = resolve_asked(keep, static_candidates(prepared), "int8 node")
-    feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
+    given, given_masks = feeds, valid or [None] * len(feeds)
+    feeds, masks = with_single_rows(given, given_masks)
     smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
     if smoothing.smoothed or smoothing.outlier_channels:
         steps.append(smoothing.note())
     tensors = sorted({name for reads in matmul_activations(smoothed).values() for name in reads})
-    method, ranges, figures = choose_method(smoothed, feeds, masks, tensors, tolerance, sequence_outputs)
+    method, figures = choose_method(smoothed, given, given_masks, tensors, tolerance, sequence_outputs)
+    # the chosen method's ranges over every feed the search runs (the batches and their rows)
+    ranges = calibrate(smoothed, feeds, tensors).ranges[method]
     said = ", ".join(f"{name} {figure:.4f}" for name, figure in figures.items())
     steps.append(
         f"activation ranges by {method}"

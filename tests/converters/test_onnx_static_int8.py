@@ -16,6 +16,7 @@ from pe_export.converters.onnx_static_int8 import (
     matmul_activations,
     qdq_counts,
     qdq_model,
+    sample_rows,
     static_candidates,
     static_int8_to_target,
 )
@@ -77,6 +78,17 @@ def test_min_max_ranges_are_the_activations_peaks_and_clipping_methods_stay_belo
     for method in ("percentile", "entropy"):
         for name in tensors:
             assert 0 < found.ranges[method][name] <= found.ranges["min-max"][name] * (1 + 1e-6)
+
+
+def test_the_method_is_chosen_on_samples_apart_from_those_it_calibrated_on() -> None:
+    """A batch's rows are split one by one, so no sample calibrates and judges (as a row inside a batch)."""
+    batch = {"x": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    alone = {"x": np.full((1, 4), 7.0, np.float32)}
+    rows, masks = sample_rows([batch, alone], [np.ones((3, 4), bool), None])
+    assert [r["x"].tolist() for r in rows] == [[row] for row in batch["x"].tolist()] + [alone["x"].tolist()]
+    assert [None if m is None else m.shape for m in masks] == [(1, 4), (1, 4), (1, 4), None]
+    fit, judged = rows[0::2], rows[1::2]
+    assert not {r["x"].tobytes() for r in fit} & {r["x"].tobytes() for r in judged}
 
 
 def test_the_qdq_graph_computes_the_quantization_numpy_computes() -> None:

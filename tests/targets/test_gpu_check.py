@@ -128,7 +128,8 @@ def test_a_failing_check_on_a_bundle_with_layers_names_the_layer(saved_model, tm
 @pytest.mark.slow  # two encoders exported in two precisions, eight checks
 def test_the_cuda_kit_checks_each_encoder_and_precision(tmp_path: Path) -> None:
     """prepare.sh and run-kit.sh as the README gives them: the demo and the MiniLM-shaped encoder, float32 and
-    float16 ONNX, each against its bundle; on this machine's CPU provider for real (the float16 graph judged by the
+    float16 ONNX (and the MiniLM-shaped one's static int8 QDQ file, a TensorRT int8 engine on a GPU), each against
+    its bundle; on this machine's CPU provider for real (the float16 graph judged by the
     fp16 tolerance), and without a GPU the default provider sets refused by name in every file's report."""
     import onnxruntime as ort
 
@@ -138,18 +139,21 @@ def test_the_cuda_kit_checks_each_encoder_and_precision(tmp_path: Path) -> None:
     prepare, run_kit = (line for line in shell_lines(EXAMPLE) if "desktop-cuda/" in line and "check.sh" not in line)
     done = subprocess.run(["bash", "-c", prepare], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    names = ["encoder.fp32", "encoder.float16", "minilm-shaped.fp32", "minilm-shaped.float16"]
+    names = ["encoder.fp32", "encoder.float16", "minilm-shaped.fp32", "minilm-shaped.float16", "minilm-shaped.int8"]
     env = {**os.environ, "PROVIDER_SETS": "cpu", "BENCH_RUNS": "3"}
     ran = subprocess.run(["bash", "-c", run_kit], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     report = json.loads((tmp_path / "gpu-results" / "report.json").read_text())
     assert ran.returncode == 0 and report["passed"] and list(report["models"]) == names, ran.stderr[-2000:]
     for name, model in report["models"].items():
         parity, bench = (step["result"] for step in model["steps"])
-        assert parity["passed"] and parity["precision"] == ("fp16" if "float16" in name else "fp32")
+        precision = "fp16" if "float16" in name else "int8" if "int8" in name else "fp32"
+        assert parity["passed"] and parity["precision"] == precision, (name, parity["precision"])
         assert bench["seq_len"] == 32 and bench["latency_ms"]["p50"] > 0
     refused = subprocess.run(["bash", "-c", run_kit], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     report = json.loads((tmp_path / "gpu-results" / "report.json").read_text())
     assert refused.returncode == report["exit_code"] == 3 and not report["passed"]
     for model in report["models"].values():
         assert model["steps"] and all(step["exit_code"] == 3 for step in model["steps"])
-        assert {"parity-tensorrt-cuda", "parity-cuda"} <= {step["step"] for step in model["steps"]}
+        steps = {step["step"] for step in model["steps"]}
+        # TensorRT's step per TRT mode (the int8 file's: parity-tensorrt-cuda-int8), and CUDA's own
+        assert "parity-cuda" in steps and any(step.startswith("parity-tensorrt-cuda") for step in steps), steps
