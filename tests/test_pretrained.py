@@ -21,14 +21,9 @@ TASK = re.compile(r"task level: sequence_output mean-pooled rows, worst cosine (
 
 @pytest.fixture(scope="module")
 def minilm() -> tuple[Path, Path, Path]:
-    from pe_export.native import import_tensorflow
-    from tests.fixtures.pretrained import PretrainedUnavailable, minilm
+    from tests.fixtures.pretrained import minilm_or_skip
 
-    import_tensorflow()
-    try:
-        return minilm()
-    except PretrainedUnavailable as err:  # no package index reachable: say so rather than pass
-        pytest.skip(str(err))
+    return minilm_or_skip()
 
 
 def export(

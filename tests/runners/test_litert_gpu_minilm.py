@@ -27,15 +27,10 @@ def fixed_minilm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from converters.options import ExportOptions
     from pe_export.api import export_tflite
     from pe_export.golden import GoldenOptions, make_golden
-    from pe_export.native import import_tensorflow
     from pe_export.text_inputs import TextInputs
-    from tests.fixtures.pretrained import PretrainedUnavailable, minilm
+    from tests.fixtures.pretrained import minilm_or_skip
 
-    import_tensorflow()
-    try:
-        saved, tokenizer, sentences = minilm()
-    except PretrainedUnavailable as err:  # no package index reachable: say so rather than pass
-        pytest.skip(str(err))
+    saved, tokenizer, sentences = minilm_or_skip()
     root = tmp_path_factory.mktemp("gpu-minilm")
     report = export_tflite(saved, root / "minilm.tflite", ExportOptions(batch=1, seq_len=SEQ_LEN))
     assert report.parity is not None and report.parity.passed
