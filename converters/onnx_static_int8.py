@@ -31,6 +31,7 @@ import numpy as np
 
 from pe_export.constants import OUTLIER_CHANNELS
 from pe_export.converters.keep_float import (
+    Feeds,
     Judging,
     KeepFloatOutcome,
     batch_rows,
@@ -53,10 +54,8 @@ from pe_export.converters.onnx_smooth import _with_outputs, smooth_activations
 from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
 from pe_export.parity.tolerances import Tolerance
 
-Feeds = list[dict[str, np.ndarray]]
-# calibration methods, each a function of one tensor's collected values to its symmetric range
-PERCENTILE = 99.999
-HISTOGRAM_BINS = 2048
+PERCENTILE = 99.999  # percentile calibration: the range holds this share of a tensor's |values|
+HISTOGRAM_BINS = 2048  # its histogram's bins (onnxruntime's default for percentile)
 
 
 @dataclass

@@ -253,6 +253,29 @@ def pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+def int8_kernel_saturates() -> bool:
+    """Whether this host's onnxruntime int8 MatMul saturates 16-bit pair sums (x86 AVX2 without VNNI): one row of
+    uint8 255s times a column of int8 127s, whose exact product is 255·127·64 = 2,072,640. Decided by running it."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
+        initializer=[numpy_helper.from_array(np.full((64, 1), 127, np.int8), "b")],
+    )
+    session = ort.InferenceSession(onnx_model(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    return int(session.run(None, {"a": np.full((1, 64), 255, np.uint8)})[0][0, 0]) != 255 * 127 * 64
+
+
+SATURATES = (
+    "this host's onnxruntime int8 MatMul saturates (x86 AVX2 without VNNI: tests.helpers.int8_kernel_saturates): the "
+    "error measured is its kernel's, not the quantization's"
+)
+
+
 def outlier_feeds(seed: int, width: int, batches: int = 4, rows: int = 12) -> list[dict[str, np.ndarray]]:
     """Activations with one outlier channel (x[:, 3] × 60), as trained encoders' LayerNorm outputs have."""
     rng = np.random.default_rng(seed)

@@ -55,6 +55,14 @@ def feeds(seed: int) -> list[dict[str, np.ndarray]]:
     return [{"x": feed["x"] * 0.1} for feed in outlier_feeds(seed, width=32)]
 
 
+def unfused(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """``model``'s first output in onnxruntime with its graph fusions off: each node computed as written."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feed)[0]
+
+
 def fake_quant(x: np.ndarray, step: np.ndarray | float) -> np.ndarray:
     """QuantizeLinear then DequantizeLinear at zero point 0: saturating to int8's [-128, 127]."""
     return np.clip(np.round(x / step), -128, 127) * step
@@ -116,10 +124,7 @@ def test_the_qdq_graph_computes_the_quantization_numpy_computes() -> None:
     # The graph's own arithmetic (what TensorRT computes): onnxruntime with its fusions off runs each node as written.
     # With them on, its CPU kernel for the fused int8 product saturates 16-bit sums on AVX2 without VNNI (measured
     # here: 6.2 off on this 32-wide product), which is the host's kernel, not the file.
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(quantized.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    got = session.run(None, {"x": x})[0]
+    got = unfused(quantized, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert np.abs(got - x @ weight).max() > 1e-3  # the clip and rounding are there
 
