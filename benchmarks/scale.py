@@ -1,7 +1,7 @@
 """Export cost at the sizes users ship, side by side with the bare converters: wall time and the peak resident
 memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
 
-    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--float16]
+    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--float16] [--static-int8]
                                [--cap-gb 21]
                                [--repeat 3]
 
@@ -205,6 +205,9 @@ def main() -> None:
     parser.add_argument(
         "--float16", action="store_true", help="also --quantize float16 (TFLite: beside the converter's own)"
     )
+    parser.add_argument(
+        "--static-int8", action="store_true", help="also --quantize int8 (ONNX: static QDQ, against pe-export's fp32)"
+    )
     parser.add_argument("--cap-gb", type=float, default=21.0)
     parser.add_argument(
         "--repeat",
@@ -216,7 +219,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep SavedModels here between runs")
     args = parser.parse_args()
     modes = ["none", "dynamic-int8", f"dynamic-int8 --min-cosine {STRICT_COSINE}"] if args.int8 else ["none"]
-    modes += ["float16"] if args.float16 else []  # ONNX: float16 arithmetic (its measured plan), against fp32
+    modes += ["float16"] if args.float16 else []
+    modes += ["int8"] if args.static_int8 else []  # ONNX: float16 arithmetic (its measured plan), against fp32
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
