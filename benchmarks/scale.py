@@ -1,8 +1,8 @@
 """Export cost at the sizes users ship, side by side with the bare converters: wall time and the peak resident
 memory of the whole process tree (sampled every 50 ms), per format, plain and --quantize dynamic-int8.
 
-    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx] [--int8] [--float16] [--static-int8]
-                               [--cap-gb 21]
+    python benchmarks/scale.py [--sizes minilm,base,large,xlmr-large] [--formats tflite,onnx]
+                               [--int8] [--float16] [--static-int8] [--cap-gb 21]
                                [--repeat 3]
 
 Random-init keras-hub BertBackbones built in code (weights drawn from a seeded normal so no two are equal, as
