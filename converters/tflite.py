@@ -60,6 +60,8 @@ def convert_tflite(
     map is proven on it (pe_export/layers).
     """
     source = _GraphSource(loaded, frozen, prepared)
+    if options.quantize == "int8":
+        return _full_integer(source, options, calibration, quiet, float_out)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
         feeds, masks, sequence = judge()
@@ -87,17 +89,42 @@ def convert_tflite(
     return data, log, notes
 
 
+def _full_integer(
+    source: _GraphSource,
+    options: ExportOptions,
+    calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
+    quiet: bool,
+    float_out: list[bytes] | None,
+) -> tuple[bytes, str, list[str]]:
+    """--quantize int8: the float32 file (every rewrite of a plain export), made full-integer (tflite_integer)."""
+    from pe_export.converters.tflite_integer import full_integer
+
+    if calibration is None:
+        raise ValueError("int8 quantization needs calibration inputs")
+    plain = replace(options, quantize="none")
+    float_file, log, notes, _ = _convert_with_rewrites(source, plain, None, quiet, for_gpu=False)
+    if float_out is not None:
+        float_out.append(float_file)
+    names = [spec.name for spec in source.frozen.specs]
+    result = full_integer(float_file, calibration(), names)
+    return result.model, log, [*notes, *result.notes()]
+
+
 def _convert_with_rewrites(
     source: _GraphSource,
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     quiet: bool,
     preconverted: tuple[bytes, str, bytes | None] | None = None,
+    *,
+    for_gpu: bool = True,
 ) -> tuple[bytes, str, list[str], Any | None]:
-    """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own)."""
+    """(flatbuffer, log, notes, the rewritten GraphDef converted or None for the source's own). ``for_gpu``: the
+    fixed-shape rewrites for LiteRT's GPU accelerator apply (a full-integer file is for NPUs: its quantizer
+    cannot take the flattened lookup's table)."""
     loaded = source.loaded
     convert = partial(_convert, source, options, calibration, quiet=quiet)
-    fixed = all(None not in spec.shape for spec in source.frozen.specs)
+    fixed = for_gpu and all(None not in spec.shape for spec in source.frozen.specs)
     fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables, fixed)
     try:
         if preconverted is not None and fast is None and source.converts_saved_model:

@@ -204,10 +204,14 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     def calibration() -> Iterator[dict[str, np.ndarray]]:
         if options.text is not None or options.inputs is not None:  # real inputs: one sample at a time
             feeds, valid = job.parts.choice
-            (feed,), (rows,) = feeds.values(), valid.values()
-            for row in range(rows.shape[0]):
-                length = int(rows[row].sum()) if job.specs[0].dynamic_length else rows.shape[SEQUENCE_AXIS]
-                yield {name: array[row : row + 1, :length] for name, array in feed.items()}
+            for case, feed in feeds.items():  # one case, or one per batch where --batch fixes it
+                rows = valid[case]
+                if job.specs[0].shape[0] is not None:  # a fixed batch: the case as the file takes it
+                    yield dict(feed)
+                    continue
+                for row in range(rows.shape[0]):
+                    length = int(rows[row].sum()) if job.specs[0].dynamic_length else rows.shape[SEQUENCE_AXIS]
+                    yield {name: array[row : row + 1, :length] for name, array in feed.items()}
             return
         for seed in range(CALIBRATION_SAMPLES):
             yield generate_inputs(
