@@ -1,0 +1,112 @@
+"""Full-integer TFLite (converters/tflite_integer.py) on a keras-hub BERT of random weights at a fixed shape: the
+rewrites compute what the float file computes, the quantized file has no float op between its inputs and its
+last DEQUANTIZE, and it keeps the answers on inputs its calibration never saw, each run in LiteRT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pe_export.api import export_tflite
+from pe_export.converters.options import ExportOptions
+from tests.helpers import token_feed
+
+pytest.importorskip("keras_hub", reason="the BERT is built by keras-hub (pip install -e '.[dev]')")
+pytest.importorskip("ai_edge_quantizer", reason="full integer needs ai-edge-quantizer (pip install -e '.[dev]')")
+
+LAYERS, LENGTH, VOCAB = 2, 16, 500
+INPUTS = ("padding_mask", "segment_ids", "token_ids")
+
+
+@pytest.fixture(scope="module")
+def float_file(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    from tests.fixtures.keras_hub_models import export_random_bert
+
+    work = tmp_path_factory.mktemp("integer")
+    saved = export_random_bert(work / "bert", num_layers=LAYERS, vocabulary_size=VOCAB)
+    output = work / "m.tflite"
+    export_tflite(saved, output, ExportOptions(batch=1, seq_len=LENGTH, verify=False))
+    return output.read_bytes()
+
+
+def feeds(seed: int, count: int) -> list[dict[str, np.ndarray]]:
+    """Batch-1 feeds, every other one padded (its mask then selects the fill)."""
+    made = []
+    for number in range(count):
+        feed = token_feed(INPUTS, batch=1, seq_len=LENGTH, vocab=VOCAB, seed=seed + number)
+        feed["segment_ids"] = np.zeros_like(feed["token_ids"])
+        if number % 2:
+            feed["padding_mask"][:, LENGTH // 2 :] = 0
+        else:
+            feed["padding_mask"][:] = 1
+        made.append(feed)
+    return made
+
+
+def run(data: bytes, inputs: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_content=data).get_signature_runner()
+    return [np.asarray(runner(**feed)["sequence_output"], np.float64) for feed in inputs]
+
+
+def test_the_rewrites_compute_what_the_float_file_computes(float_file: bytes) -> None:
+    from pe_export.converters.tflite_integer import integer_ready
+
+    prepared = integer_ready(float_file)
+    counts = dict(prepared.rewrites)
+    # BERT: a LayerNorm after the embeddings and two per layer, one masked softmax per layer.
+    assert counts["LayerNorm(s) normalized by the row's peak"] == 2 * LAYERS + 1, counts
+    assert counts["SQUARED_DIFFERENCE as SUB+MUL"] == 2 * LAYERS + 1, counts
+    assert counts["attention mask fill(s) bounded"] == LAYERS, counts
+    inputs = feeds(100, 4)
+    for got, want in zip(run(prepared.data, inputs), run(float_file, inputs), strict=True):
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), np.abs(got - want).max()
+
+
+def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: bytes) -> None:
+    from ai_edge_litert.interpreter import Interpreter
+
+    from pe_export.converters.tflite_integer import full_integer
+
+    result = full_integer(float_file, feeds(0, 8))
+    interpreter = Interpreter(model_content=result.model)
+    details = {t["index"]: t for t in interpreter.get_tensor_details()}
+    outputs = {d["index"] for d in interpreter.get_output_details()}
+    floats = []
+    for op in interpreter._get_ops_details():
+        if op["op_name"] == "DEQUANTIZE" and set(op["outputs"]) <= outputs:
+            continue
+        tensors = [details[i] for i in [*op["inputs"], *op["outputs"]] if i >= 0]
+        if any(np.dtype(t["dtype"]).kind == "f" for t in tensors):
+            floats.append(op["op_name"])
+    assert floats == [], floats
+    assert all(np.dtype(details[i]["dtype"]) == np.float32 for i in outputs)  # read as real values
+    weights = [
+        details[op["inputs"][1]]["dtype"] for op in interpreter._get_ops_details() if op["op_name"] == "FULLY_CONNECTED"
+    ]
+    assert weights and all(np.dtype(w) == np.int8 for w in weights)
+    assert result.float_ops == [] and ("FULLY_CONNECTED", "int16×int8") in result.precisions
+    # Held out: inputs the calibration never saw, against the float file, by the int8 tolerance's cosine.
+    inputs = feeds(500, 6)
+    for got, want in zip(run(result.model, inputs), run(float_file, inputs), strict=True):
+        cosine = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+        assert 0.99 <= cosine < 1 - 1e-9, cosine  # close, and really not the float file
+
+
+def test_without_calibration_inputs_it_says_so(float_file: bytes) -> None:
+    from pe_export.converters.tflite_integer import full_integer
+    from pe_export.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="calibration inputs"):
+        full_integer(float_file, [])
+
+
+def test_a_feed_that_names_other_inputs_is_refused(float_file: bytes, tmp_path: Path) -> None:
+    from pe_export.converters.tflite_integer import full_integer
+    from pe_export.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="do not match the TFLite signature's inputs"):
+        full_integer(float_file, [{"ids": np.zeros((1, LENGTH), np.int32)}])
