@@ -24,8 +24,10 @@ every op integer 0.979; LayerNorm normalized 0.9915.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,7 +331,7 @@ def full_integer(
     samples = [_by_signature(feed, inputs, order) for feed in feeds]
     if not samples:
         raise ConversionError("--quantize int8 needs calibration inputs (--text, --inputs or generated ones)")
-    with capture_native_output():  # its progress bars and size summary
+    with _quiet():  # its progress bars and size summary
         ranges = calibrating.calibrate({key: samples})
     graph = _Graph(prepared.data)
     for constant, scores, output in prepared.fills:
@@ -346,11 +348,18 @@ def full_integer(
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM
     quantizing = quantizer.Quantizer(bytearray(graph.bytes()))
     quantizing.load_quantization_recipe(_recipe())
-    with capture_native_output():
+    with _quiet():
         result = quantizing.quantize(ranges)
     data = _float_outputs(bytes(result.quantized_model))
     precisions, float_ops = op_precisions(data)
     return IntegerFile(data, prepared.rewrites, precisions, float_ops)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ai-edge-quantizer's progress bars (Python's sys.stderr) and prints (stdout), and anything native, unshown."""
+    with capture_native_output(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
 
 
 def _float_outputs(data: bytes) -> bytes:
