@@ -334,15 +334,17 @@ def full_integer(
     with _quiet():  # its progress bars and size summary
         ranges = calibrating.calibrate({key: samples})
     graph = _Graph(prepared.data)
-    for constant, scores, output in prepared.fills:
+    fills: dict[int, float] = {}  # one fill per constant: the converter shares one -1e9 among the layers' selects
+    for constant, scores, _ in prepared.fills:
         bounds = ranges[prepared.names[scores]]
         peak = float(max(np.abs(np.asarray(bounds["min"])).max(), np.abs(np.asarray(bounds["max"])).max()))
-        fill = -(peak + MASK_FILL_MARGIN)
+        fills[constant] = min(fills.get(constant, 0.0), -(peak + MASK_FILL_MARGIN))
+    for constant, _, output in prepared.fills:
         values = graph.constant(constant)
         assert values is not None
-        graph.set_constant(constant, np.full_like(values, fill))
+        graph.set_constant(constant, np.full_like(values, fills[constant]))
         selected = ranges[prepared.names[output]]
-        selected["min"] = np.full_like(np.asarray(selected["min"]), fill)
+        selected["min"] = np.full_like(np.asarray(selected["min"]), fills[constant])
     for name in prepared.variances:
         if name in ranges:
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM

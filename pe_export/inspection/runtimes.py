@@ -12,6 +12,9 @@ FLEX_RUNTIME_HINT = (
 
 # tflite-runtime's last release: newer TFLite kernels ship only as ai-edge-litert.
 TFLITE_RUNTIME_LAST_VERSION = (2, 14, 0)
+# int16-activation kernels tflite-runtime 2.14 lacks (measured: a full-integer file fails to prepare there). The
+# files' op versions do not say it: ai-edge-quantizer writes version 1, and no runtime table lists int16 RSQRT.
+INT16_OPS_PAST_TFLITE_RUNTIME = ("RSQRT",)
 MIN_RUNTIME_KEY = "min_runtime_version"  # written by the TFLite converter from the file's op versions
 
 
@@ -21,8 +24,15 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
 
 
-def _tflite_runtime_verdict(min_runtime_version: str | None) -> RuntimeVerdict:
+def _tflite_runtime_verdict(min_runtime_version: str | None, int16_ops: list[str]) -> RuntimeVerdict:
     last = ".".join(map(str, TFLITE_RUNTIME_LAST_VERSION))
+    missing = [name for name in int16_ops if name in INT16_OPS_PAST_TFLITE_RUNTIME]
+    if missing:
+        return RuntimeVerdict(
+            "tflite-runtime",
+            False,
+            f"int16 activations on {', '.join(missing)}: kernels newer than tflite-runtime {last} (use ai-edge-litert)",
+        )
     needed = parse_version(min_runtime_version)
     if needed is None:
         return RuntimeVerdict("tflite-runtime", True, f"builtin ops only; no {MIN_RUNTIME_KEY} to compare with {last}")
@@ -63,6 +73,7 @@ def tflite_verdicts(
     min_runtime_version: str | None = None,
     dynamic_inputs: list[str] | None = None,
     gpu_risks: list[str] | None = None,
+    int16_ops: list[str] | None = None,
 ) -> list[RuntimeVerdict]:
     if custom_ops:
         reason = f"custom ops {', '.join(custom_ops)} need kernels registered by the application"
@@ -78,7 +89,7 @@ def tflite_verdicts(
         ]
     return [
         RuntimeVerdict("ai-edge-litert", True, "builtin ops only"),
-        _tflite_runtime_verdict(min_runtime_version),
+        _tflite_runtime_verdict(min_runtime_version, int16_ops or []),
         RuntimeVerdict("tflite+flex", True, "builtin ops only"),
         _litert_gpu_verdict(dynamic_inputs or [], gpu_risks or []),
     ]

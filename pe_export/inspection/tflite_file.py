@@ -64,6 +64,16 @@ def _tensor_spec(tensor: Table, name: str) -> TensorSpec:
     return TensorSpec(name, dtype, tuple(None if d < 0 else int(d) for d in shape))
 
 
+def _int16_ops(operators: list[tuple[str, list[int]]], tensors: list[Table]) -> list[str]:
+    """The ops that read an int16 tensor (a full-integer file's activations), by name."""
+    found = set()
+    for name, inputs in operators:
+        for index in inputs:
+            if 0 <= index < len(tensors) and TENSOR_TYPES.get(int(tensors[index].scalar(TENSOR_TYPE, "b"))) == "int16":
+                found.add(name)
+    return sorted(found)
+
+
 def _signature(signature: Table, all_tensors: list[list[Table]]) -> SignatureInfo:
     subgraph_index = int(signature.scalar(SIGNATURE_SUBGRAPH, "I"))
     if subgraph_index >= len(all_tensors):
@@ -129,6 +139,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         constants: list[ConstantInfo] = []
         all_tensors: list[list[Table]] = []
         risks: list[str] = []
+        int16_ops: list[str] = []
         for number, subgraph in enumerate(subgraphs):
             tensors = subgraph.tables(SUBGRAPH_TENSORS)
             all_tensors.append(tensors)
@@ -149,6 +160,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
                     )
             if number == 0:  # the subgraph a signature runs
                 risks = gpu_risks(operators, tensors, constant)
+                int16_ops = _int16_ops(operators, tensors)
         signatures = [_signature(signature, all_tensors) for signature in model.tables(MODEL_SIGNATURE_DEFS)]
     except CorruptFileError as err:
         raise BadInputError(f"{path} is a truncated or corrupt TFLite file ({err}); re-export or re-copy it") from err
@@ -166,7 +178,7 @@ def summarize_tflite_bytes(data: bytes, path: Path) -> ModelSummary:
         constants=constants,
         flex_ops=flex,
         custom_ops=custom,
-        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY), dynamic_inputs, risks),
+        runs_on=tflite_verdicts(flex, custom, metadata.get(MIN_RUNTIME_KEY), dynamic_inputs, risks, int16_ops),
         details={"subgraphs": str(len(subgraphs))},
         metadata=metadata,
     )

@@ -15,6 +15,7 @@ from pe_export.specs import TensorSpec
 FLEX_MESSAGE_MARKER = "Select TensorFlow op"
 OLD_KERNELS_MARKER = "Didn't find op for builtin opcode"  # the file's op version is newer than the runtime
 OUT_OF_RANGE_MARKER = "builtin_code out of range"  # an op code the runtime does not know at all
+UNSUPPORTED_TYPE_MARKER = "is unsupported by op"  # a kernel without that type (int16 RSQRT in TFLite 2.14)
 
 
 class _TFLiteRunner(Runner):
@@ -94,7 +95,7 @@ class _TFLiteRunner(Runner):
                 f"{self.name} cannot run {self.model_path.name}: it contains select TF (Flex) ops; "
                 "run it with a Flex-linked TFLite build (see `pe-export inspect`)"
             )
-        if OLD_KERNELS_MARKER in str(err) or OUT_OF_RANGE_MARKER in str(err):
+        if OLD_KERNELS_MARKER in str(err) or OUT_OF_RANGE_MARKER in str(err) or UNSUPPORTED_TYPE_MARKER in str(err):
             if self.current_kernels:  # the newest kernels there are: an op they lack means the bytes are wrong
                 return BadInputError(
                     f"{self.model_path.name} looks damaged: {self.name}, which runs every op the converter writes, "
@@ -117,7 +118,7 @@ class _TFLiteRunner(Runner):
             self._invoked = True
         except (ValueError, RuntimeError) as err:  # the interpreter raises both for bad shapes
             message = one_line(err)
-            if FLEX_MESSAGE_MARKER in str(err):
+            if FLEX_MESSAGE_MARKER in str(err) or (UNSUPPORTED_TYPE_MARKER in str(err) and not self.current_kernels):
                 raise self._load_error(err) from err
             raise BadInputError(f"{self.name} rejected the inputs: {message}") from err
         return {name: np.array(value) for name, value in outputs.items()}
