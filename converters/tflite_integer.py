@@ -53,6 +53,7 @@ class IntegerFile:
     rewrites: Counter[str] = field(default_factory=Counter)
     precisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (op, precision) → count
     float_ops: list[str] = field(default_factory=list)  # ops left with a float tensor, by output name
+    dynamic_inputs: list[str] = field(default_factory=list)  # inputs with a dynamic axis
 
     def notes(self) -> list[str]:
         done = ", ".join(f"{count} {what}" for what, count in sorted(self.rewrites.items()))
@@ -64,6 +65,11 @@ class IntegerFile:
         for (_, precision), count in self.precisions.items():
             table[precision] += count
         notes.append("ops by precision: " + ", ".join(f"{p} {c}" for p, c in sorted(table.items())))
+        if self.dynamic_inputs:
+            notes.append(
+                f"dynamic input shapes ({', '.join(self.dynamic_inputs)}): an NPU compiles fixed ones, and static "
+                "ranges hold best at the length they were calibrated at; export with --batch 1 --seq-len N"
+            )
         if self.float_ops:
             notes.append(
                 f"{len(self.float_ops)} op(s) still float (no integer kernel): " + ", ".join(self.float_ops[:8])
@@ -354,7 +360,7 @@ def full_integer(
         result = quantizing.quantize(ranges)
     data = _float_outputs(bytes(result.quantized_model))
     precisions, float_ops = op_precisions(data)
-    return IntegerFile(data, prepared.rewrites, precisions, float_ops)
+    return IntegerFile(data, prepared.rewrites, precisions, float_ops, _dynamic_inputs(data))
 
 
 @contextlib.contextmanager
@@ -434,6 +440,11 @@ def _input_names(data: bytes) -> list[str]:
     runner = interpreter.get_signature_runner(key)
     details = runner.get_input_details()
     return sorted(details, key=lambda name: details[name]["index"])
+
+
+def _dynamic_inputs(data: bytes) -> list[str]:
+    details = _interpreter(data).get_input_details()
+    return [d["name"] for d in details if any(int(n) < 0 for n in d.get("shape_signature", d["shape"]))]
 
 
 def _by_signature(feed: dict[str, np.ndarray], inputs: list[str], order: list[str] | None) -> dict[str, np.ndarray]:

@@ -89,6 +89,7 @@ def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: byte
     ]
     assert weights and all(np.dtype(w) == np.int8 for w in weights)
     assert result.float_ops == [] and ("FULLY_CONNECTED", "int16×int8") in result.precisions
+    assert result.dynamic_inputs == [] and not any("dynamic input shapes" in note for note in result.notes())
     # Held out: inputs the calibration never saw, against the float file, by the int8 tolerance's cosine.
     inputs = feeds(500, 6)
     for got, want in zip(run(result.model, inputs), run(float_file, inputs), strict=True):
