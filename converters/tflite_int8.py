@@ -39,6 +39,7 @@ from pe_export.converters.smoothing import (
     symmetric_int8,
     thinned,
 )
+from pe_export.converters.tflite_objects import add_buffer, opcode_index
 from pe_export.parity.tolerances import Tolerance
 from pe_export.provenance import pack_tflite
 
@@ -207,20 +208,10 @@ class DynamicRangeFile:
         return len(self.model.subgraphs[0].tensors) - 1
 
     def _add_buffer(self, values: np.ndarray | None) -> int:
-        buffer = self._schema.BufferT()
-        if values is not None:
-            buffer.data = np.frombuffer(np.ascontiguousarray(values).tobytes(), np.uint8).copy()
-        self.model.buffers.append(buffer)
-        return len(self.model.buffers) - 1
+        return add_buffer(self.model, values)
 
     def _opcode(self, builtin: int) -> int:
-        for index, code in enumerate(self.model.operatorCodes):
-            if max(code.builtinCode, code.deprecatedBuiltinCode) == builtin:
-                return index
-        code = self._schema.OperatorCodeT()
-        code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), 1
-        self.model.operatorCodes.append(code)
-        return len(self.model.operatorCodes) - 1
+        return opcode_index(self.model, builtin)
 
     # -- keep float --------------------------------------------------------------------------------
 

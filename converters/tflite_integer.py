@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.tflite_objects import add_buffer, opcode_index
 from pe_export.errors import ConversionError
 from pe_export.native import capture_native_output
 from pe_export.provenance import pack_tflite
@@ -136,29 +137,16 @@ class _Graph:
         return len(self.graph.tensors) - 1
 
     def _buffer(self, values: np.ndarray | None) -> int:
-        buffer = self.schema.BufferT()
-        if values is not None:
-            buffer.data = np.frombuffer(values.tobytes(), np.uint8).copy()
-        self.model.buffers.append(buffer)
-        return len(self.model.buffers) - 1
+        return add_buffer(self.model, values)
 
     def op(self, builtin: int, inputs: list[int], outputs: list[int], options: str | None = None) -> Any:
         op = self.schema.OperatorT()
-        op.opcodeIndex = self._opcode(builtin)
+        op.opcodeIndex = opcode_index(self.model, builtin)
         op.inputs, op.outputs = inputs, outputs
         if options is not None:
             op.builtinOptionsType = getattr(self.schema.BuiltinOptions, options)
             op.builtinOptions = getattr(self.schema, f"{options}T")()
         return op
-
-    def _opcode(self, builtin: int) -> int:
-        for index, entry in enumerate(self.model.operatorCodes):
-            if max(entry.builtinCode, entry.deprecatedBuiltinCode) == builtin:
-                return index
-        entry = self.schema.OperatorCodeT()
-        entry.builtinCode, entry.deprecatedBuiltinCode, entry.version = builtin, min(builtin, 127), 1
-        self.model.operatorCodes.append(entry)
-        return len(self.model.operatorCodes) - 1
 
     def bytes(self) -> bytes:
         return pack_tflite(self.model, self.size)

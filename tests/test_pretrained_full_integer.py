@@ -30,28 +30,20 @@ def minilm() -> tuple[Path, Path, Path]:
 
 
 def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> float:
-    """The held-out sentences' worst mean-pooled cosine over their real tokens, one sentence per call padded to
-    the file's length, against float32 TensorFlow on the sentence unpadded: computed here, apart from the gate."""
+    """The held-out sentences' worst pooled cosine over their real tokens, each padded to the file's length in
+    LiteRT: apart from the export's gate."""
     from ai_edge_litert.interpreter import Interpreter
-    from tokenizers import Tokenizer
 
-    from pe_export.native import import_tensorflow
+    from tests.fixtures.pretrained import held_out_worst_cosine
 
-    tf = import_tensorflow()
-    signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    encoder = Tokenizer.from_file(str(tokenizer))
-    encoder.no_padding()
     runner = Interpreter(model_path=str(path)).get_signature_runner()
-    worst = 1.0
-    for sentence in (DATA / "varied_held_out.txt").read_text(encoding="utf-8").splitlines():
-        ids = np.array([encoder.encode(sentence).ids], np.int32)
-        n = ids.shape[1]
-        feed = {"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        n = feed["token_ids"].shape[1]
         padded = {k: np.pad(v, ((0, 0), (0, LENGTH - n))) for k, v in feed.items()}
-        got = np.asarray(runner(**padded)["sequence_output"], np.float64)[0, :n].mean(axis=0)
-        want = signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()[0].mean(axis=0)
-        worst = min(worst, float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)))
-    return worst
+        return np.asarray(runner(**padded)["sequence_output"])[:, :n]
+
+    return held_out_worst_cosine(run, saved, tokenizer, DATA / "varied_held_out.txt")
 
 
 def test_full_integer_keeps_the_answers_on_sentences_it_never_saw(

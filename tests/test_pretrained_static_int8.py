@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.helpers import run_cli
@@ -30,26 +29,14 @@ def minilm() -> tuple[Path, Path, Path]:
 
 
 def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> float:
-    """The held-out sentences' worst mean-pooled cosine, one sentence per call, unpadded, against float32
-    TensorFlow: computed here, apart from the export's gate."""
+    """The held-out sentences' worst pooled cosine, each unpadded in onnxruntime: apart from the export's gate."""
     import onnxruntime as ort
-    from tokenizers import Tokenizer
 
-    from pe_export.native import import_tensorflow
+    from tests.fixtures.pretrained import held_out_worst_cosine
 
-    tf = import_tensorflow()
-    signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    encoder = Tokenizer.from_file(str(tokenizer))
-    encoder.no_padding()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    worst = 1.0
-    for sentence in (DATA / "varied_held_out.txt").read_text(encoding="utf-8").splitlines():
-        ids = np.array([encoder.encode(sentence).ids], np.int32)
-        feed = {"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
-        got = session.run(["sequence_output"], feed)[0][0].mean(axis=0).astype(np.float64)
-        want = signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()[0].mean(axis=0)
-        worst = min(worst, float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)))
-    return worst
+    run = lambda feed: session.run(["sequence_output"], feed)[0]  # noqa: E731
+    return held_out_worst_cosine(run, saved, tokenizer, DATA / "varied_held_out.txt")
 
 
 def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
