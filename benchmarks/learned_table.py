@@ -32,6 +32,7 @@ VARIANTS = (
     ("fp32", {}),
     ("float16", {"quantize": "float16"}),
     ("dynamic-int8", {"quantize": "dynamic-int8"}),
+    ("int8 (full integer / QDQ)", {"quantize": "int8"}),  # TFLite: int16 activations; ONNX: static QDQ
     ("--compress 16 (auto)", {"tables": TableOptions(compress=16)}),
     *(
         (
