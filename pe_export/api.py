@@ -12,6 +12,7 @@ import numpy as np
 
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
+    CHILD_CONVERSION_MIN_WEIGHT_BYTES,
     CHOICE_SEED,
     DECIDING_MODES,
     HOLDOUT_EVERY,
@@ -138,15 +139,18 @@ def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, 
 def _export(
     file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions, quiet: bool
 ) -> ExportReport:
-    from pe_export.memory import check_before_work
+    from pe_export.memory import check_before_work, saved_weight_bytes
     from pe_export.sources import model_source
 
     output = default_output_path(given, file_format) if output is None else Path(output)
     options.validate(file_format)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
-        plain = file_format == "tflite" and converts_in_child(options)
-        check_before_work(file_format, source.saved_model, options.quantize, options.force, converter_layout=plain)
+        weights = saved_weight_bytes(source.saved_model)
+        plain = file_format == "tflite" and converts_in_child(options, weights)
+        check_before_work(
+            file_format, source.saved_model, options.quantize, options.force, converter_layout=plain, weights=weights
+        )
         report = _judged_by_accuracy(export, source, output, options, quiet)
     report.source = Path(given)
     return report
@@ -269,13 +273,14 @@ def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) ->
     return {LAYER_MAP: layer_map.to_json()}
 
 
-def converts_in_child(options: ExportOptions) -> bool:
+def converts_in_child(options: ExportOptions, weight_bytes: int) -> bool:
     """Whether the TFLite file is converted in a child before this process loads the model (converters/
-    tflite_child.py): where the export keeps the SavedModel's signature as it is and the file is one conversion."""
+    tflite_child.py): where the export keeps the SavedModel's signature as it is, the file is one conversion, and
+    the weights are large enough for the converter's memory to matter (``CHILD_CONVERSION_MIN_WEIGHT_BYTES``)."""
     from pe_export.converters.tflite_child import QUANTIZE_MODES
 
     tables, shapes = options.tables, (options.seq_len, options.batch)
-    return not (
+    return weight_bytes >= CHILD_CONVERSION_MIN_WEIGHT_BYTES and not (
         options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq
     )
 
@@ -283,8 +288,9 @@ def converts_in_child(options: ExportOptions) -> bool:
 def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     """The child's conversion where ``converts_in_child``, else None."""
     from pe_export.converters.tflite_child import convert_in_child
+    from pe_export.memory import saved_weight_bytes
 
-    if not converts_in_child(options):
+    if not converts_in_child(options, saved_weight_bytes(source.saved_model)):
         return None
     allow_flex = not options.builtins_only
     return convert_in_child(

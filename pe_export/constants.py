@@ -39,8 +39,6 @@ CALIBRATION_SAMPLES = 32
 HOLDOUT_EVERY = 4
 CHOICE_SEED = 1000
 DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "int8", "float16")}
-# Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
-# model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)
 # ONNX dynamic-int8: input channels per MatMul input split off the int8 product into a float one beside it
 # (converters/onnx_outliers.py), at most this many, each at least OUTLIER_RATIO times the median channel's peak.
 # all-MiniLM-L6-v2, every weight int8, held-out worst pooled cosine by channels per input: 0 → 0.958, 1 → 0.9928,
@@ -48,6 +46,8 @@ DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "
 OUTLIER_CHANNELS = 2
 ONNX_OUTLIER_MODES = (("onnx", "dynamic-int8"), ("onnx", "int8"))
 MAX_OUTLIER_CHANNELS = 64
+# Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
+# model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)
 KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8",), "onnx": ("dynamic-int8", "int8", "float16")}
 
 # `pe-export bench` defaults.
@@ -72,3 +72,7 @@ GOLDEN_SEQ_LEN = 16  # for dynamic-length models without a table read by positio
 # golden --layers: the reference's activations a bundle may hold, all batches together (a BERT-base bundle of 16
 # sentences at 128 tokens holds about 0.4 GB with --layers all, 25 MB with blocks).
 MAX_LAYER_BYTES = 2 << 30
+# TFLite's plain conversion runs in a child before the model is loaded (converters/tflite_child.py) from this many
+# bytes of weights: what it saves is the converter's importer's memory (3.7 GB at BERT-base), what it costs is a
+# second TensorFlow import and load (a 260 kB encoder: 10.2 s exported through the child, 5.4 s in-process).
+CHILD_CONVERSION_MIN_WEIGHT_BYTES = 32 * 2**20

@@ -130,11 +130,18 @@ def check_fits(weights: int, file_format: str, quantize: str, *, available: int 
 
 
 def check_before_work(
-    file_format: str, saved_model: Path, quantize: str, force: bool, *, converter_layout: bool = False
+    file_format: str,
+    saved_model: Path,
+    quantize: str,
+    force: bool,
+    *,
+    converter_layout: bool = False,
+    weights: int | None = None,
 ) -> None:
     """What the model's size rules out, from saved_model.pb alone, before anything is loaded or converted: a
-    file its format cannot hold, and (unless ``force``) a machine whose memory the export would exhaust."""
-    weights = saved_weight_bytes(saved_model)
+    file its format cannot hold, and (unless ``force``) a machine whose memory the export would exhaust.
+    ``weights``: ``saved_weight_bytes`` where the caller has it."""
+    weights = saved_weight_bytes(saved_model) if weights is None else weights
     if file_format == "tflite":
         check_tflite_size(weights, quantize, converter_layout=converter_layout)
     else:
