@@ -55,6 +55,18 @@ VARIANTS = (  # label, format, options beyond --text; a string: a converter's ow
     ("float16 (float16 arithmetic)", "onnx", {"quantize": "float16"}),
     ("weight-float16 (storage only)", "onnx", {"quantize": "weight-float16"}),
     ("--compress 64", "onnx", {"tables": TableOptions(compress=64)}),
+    ("dynamic-int8 --int8-kernel matmulinteger", "onnx", {"quantize": "dynamic-int8", "int8_kernel": "matmulinteger"}),
+    (
+        "dynamic-int8 --int8-kernel matmulinteger --min-cosine 0.999",
+        "onnx",
+        {"quantize": "dynamic-int8", "int8_kernel": "matmulinteger", "min_cosine": 0.999},
+    ),
+    ("dynamic-int8 --int8-kernel blocks", "onnx", {"quantize": "dynamic-int8", "int8_kernel": "blocks"}),
+    (
+        "dynamic-int8 --int8-kernel blocks --min-cosine 0.999",
+        "onnx",
+        {"quantize": "dynamic-int8", "int8_kernel": "blocks", "min_cosine": 0.999},
+    ),
     ("dynamic-int8 --outlier-channels 0", "onnx", {"quantize": "dynamic-int8", "outlier_channels": 0}),
     ("dynamic-int8", "onnx", {"quantize": "dynamic-int8"}),
     (

@@ -61,11 +61,50 @@ class KeepFloatOutcome:
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
     mode: str = "int8"  # what the kept weights are kept out of, for the note: int8, or float16's arithmetic
     kept_bytes: int = 4  # bytes a kept weight's value is stored in: 4 (float32), 2 (float16 storage, cast on load)
+    weight_bytes: dict[str, int] = field(default_factory=dict)  # each candidate's weight, float32 bytes
+    ranked: list[str] = field(default_factory=list)  # the search's order (most cost per byte first); [] unmeasured
+    # where the format moves the weights it keeps to a finer integer product instead of float (ONNX's block-wise
+    # int8): what the notes call it; "" for float. --keep-float's weights stay float.
+    escalated_to: str = ""
+
+    def record(self, what: str) -> dict[str, Any]:
+        """What the search did, for the export's --json: its verdict, and each candidate weight ranked as the
+        search ranked it (measured cost per weight byte, highest first; ``cost`` is 1 - cosine with the weight's
+        place alone quantized, shared among the place's weights), each marked kept or not. No ranking where
+        the all-quantized file met the target: nothing was measured."""
+        kept, ranked = set(self.kept_float), self.ranked
+        return {
+            "mode": self.mode,
+            "candidates": self.candidates,
+            "what": what,
+            "kept_float": list(self.kept_float),
+            "kept_as": self.escalated_to or "float",
+            "asked": list(self.asked),
+            "worst_cosine_chosen_on": self.cosine,
+            "passed_where_chosen": self.passed,
+            "files_tried": self.runs,
+            "float_bytes": self.float_bytes,
+            "ranking": [
+                {
+                    "name": name,
+                    "cost": self.sensitivity[name],
+                    "weight_bytes": self.weight_bytes.get(name, 0),
+                    "kept": name in kept,
+                }
+                for name in ranked
+            ],
+            "ranking_note": (
+                "most accuracy per weight byte first, measured one place of the repeated block at a time"
+                if ranked
+                else "not measured: every candidate quantized met the target"
+            ),
+        }
 
     def notes(self, what: str) -> list[str]:
         float16 = self.mode == "float16"
         done, kept_as, files = ("in float16", "float32", "float16") if float16 else ("quantized", "float", "quantized")
         stored = " (float16 storage, float32 arithmetic)" if not float16 and self.kept_bytes == 2 else ""
+        searched_as = self.escalated_to or kept_as
         before = "".join(f"{step}; " for step in self.steps)
         if self.asked:
             before += f"{len(self.asked)} kept in {kept_as} as --keep-float asked; "
@@ -77,7 +116,8 @@ class KeepFloatOutcome:
         names = ", ".join(short_name(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
-            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in {kept_as}{stored}, "
+            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in "
+            f"{searched_as}{'' if self.escalated_to else stored}, "
             f"the most sensitive per weight byte first ({names}; +{self.float_bytes:,} B over {self.mode}; "
             f"{self.runs} {files} files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} "
             f"against the float model {CHOSEN_ON}, which {verdict} the target"
@@ -139,6 +179,7 @@ def keep_float_to_target(
     asked: list[str] | None = None,
     mode: str = "int8",
     kept_bytes: int = 4,
+    escalated_to: str = "",
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
@@ -191,6 +232,8 @@ def keep_float_to_target(
         asked=asked,
         mode=mode,
         kept_bytes=kept_bytes,
+        escalated_to=escalated_to,
+        weight_bytes={name: sizes.get(name, 0) for name in [*asked, *candidates]},
     )
     # sizes are float32 bytes: a kept value costs kept_bytes where the mode's costs 1 (int8) or 2 (float16)
     over = kept_bytes - (2 if mode == "float16" else 1)
@@ -199,19 +242,19 @@ def keep_float_to_target(
         return outcome
     singles = [unit for unit in units if judging.single(unit)] or units
     probe = sorted(singles, key=lambda unit: scores[unit])[:PROBE_ROWS]  # failing first, then the lowest cosine
-    for place in repeated_places(candidates, kinds):  # each place's share of the error: quantized alone
-        _, alone, _, _ = judge([other for other in candidates if other not in place], probe)
-        for name in place:
-            outcome.sensitivity[name] = (1.0 - alone) / len(place)
+    outcome.sensitivity = _place_costs(candidates, kinds, lambda kept: judge(kept, probe)[1])
     # Keep float first where it buys the most accuracy per byte: a 47 MB embedding table kept float
     # costs what a dozen feed-forward kernels do.
     ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(sizes.get(n, 1), 1))
+    outcome.ranked = ranked
     low, chosen = 0, None
     while chosen is None:
         count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])
-        if count == len(ranked):  # nothing left int8: that is a float file, not an int8 one
+        if count == len(ranked) and not escalated_to:  # nothing left int8: that is a float file, not an int8 one
             raise ParityError(_nothing_meets(mode, tolerance, outcome.cosine, len(ranked)))
         model, cosine, passed, scores = judge(ranked[:count])
+        if count == len(ranked) and not passed:  # every weight escalated still misses: the format decides
+            raise ParityError(_nothing_meets(mode, tolerance, outcome.cosine, len(ranked)))
         if passed:
             chosen = count
             continue
@@ -223,6 +266,18 @@ def keep_float_to_target(
     outcome.float_bytes = sum(sizes.get(n, 0) for n in outcome.kept_float) * over // 4
     outcome.runs, outcome.verdicts = runs, verdicts
     return outcome
+
+
+def _place_costs(
+    candidates: list[str], kinds: dict[str, Hashable], cosine_with_float: Callable[[list[str]], float]
+) -> dict[str, float]:
+    """Each candidate's share of its place's cost: 1 - the worst cosine with that place alone quantized (every
+    other candidate kept), split evenly among the place's weights."""
+    costs = {}
+    for place in repeated_places(candidates, kinds):
+        alone = cosine_with_float([other for other in candidates if other not in place])
+        costs.update({name: (1.0 - alone) / len(place) for name in place})
+    return costs
 
 
 def _nothing_meets(mode: str, tolerance: Tolerance, cosine: float, count: int) -> str:

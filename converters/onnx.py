@@ -56,6 +56,7 @@ def convert_onnx(
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
     float_out: list[bytes] | None = None,
+    searches: list[dict[str, Any]] | None = None,
 ) -> tuple[Any, str, list[str]]:
     """Convert one signature at its input specs. Returns (serialized model, captured log, notes); a model
     past 2 GiB comes as the ModelProto instead of bytes (checked before its weights are bound, and loaded by
@@ -65,6 +66,7 @@ def convert_onnx(
     ``judge`` gives the inputs (and valid masks) that dynamic int8 must meet the export's tolerance on,
     against the float model; without it every quantizable node is quantized. ``float_out`` receives the float32
     model's bytes where another precision is asked (the layer map is proven on it: pe_export/layers).
+    ``searches`` receives the record of each accuracy-driven search that ran (``KeepFloatOutcome.record``).
     """
     tf2onnx = _import_tf2onnx()
     if prepared is None:
@@ -106,7 +108,7 @@ def convert_onnx(
         )
     if float_out is not None and options.quantize != "none" and not large:
         float_out.append(model.SerializeToString())
-    model = _quantized(model, options, judge, notes)
+    model = _quantized(model, options, judge, notes, searches if searches is not None else [])
     tables = len(prepared.replacements) if prepared is not None else 0
     rebuilt = tables > 0 and rebuild_tables_at_load(model, RUN_TIME_ZERO) > 0
     if rebuilt:
@@ -124,15 +126,17 @@ def convert_onnx(
     return data, log.text, notes
 
 
-def _quantized(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+def _quantized(
+    model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str], searches: list[dict[str, Any]]
+) -> Any:
     if options.quantize == "weight-float16":
         return _float16_storage(model)
     if options.quantize == "float16":
-        return _float16_arithmetic(model, options, judge, notes)
+        return _float16_arithmetic(model, options, judge, notes, searches)
     if options.quantize == "dynamic-int8":
-        return _dynamic_int8(model, options, judge, notes)
+        return _dynamic_int8(model, options, judge, notes, searches)
     if options.quantize == "int8":
-        return _static_int8(model, options, judge, notes)
+        return _static_int8(model, options, judge, notes, searches)
     if options.quantize == "weight-int8":
         model, count, replaced = weight_only_int8(model)
         notes.append(
@@ -201,21 +205,33 @@ def _float16_storage(model: Any) -> Any:
     return model
 
 
-def _dynamic_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+def _dynamic_int8(
+    model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str], searches: list[dict[str, Any]]
+) -> Any:
     try:
         from pe_export.converters.onnx_quantize import quantize_to_target
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
     feeds, valid, sequence = judge() if judge is not None else ([], [], None)
     outcome = quantize_to_target(
-        model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, outliers_per_input=options.outliers
+        model,
+        feeds,
+        options.tolerance,
+        valid,
+        sequence,
+        keep=options.keep_float,
+        outliers_per_input=options.outliers,
+        kernel=options.kernel,
     )
     if feeds:
         notes.extend(outcome.notes("quantizable nodes"))
+        searches.append(outcome.record("quantizable nodes"))
     return outcome.model
 
 
-def _static_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+def _static_int8(
+    model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str], searches: list[dict[str, Any]]
+) -> Any:
     try:
         from pe_export.converters.onnx_static_int8 import static_int8_to_target
     except ImportError as err:
@@ -230,16 +246,21 @@ def _static_int8(model: Any, options: ExportOptions, judge: JudgeFeeds | None, n
         model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, outliers_per_input=options.outliers
     )
     notes.extend(outcome.notes("quantizable nodes"))
+    searches.append(outcome.record("quantizable nodes"))
     return outcome.model
 
 
-def _float16_arithmetic(model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str]) -> Any:
+def _float16_arithmetic(
+    model: Any, options: ExportOptions, judge: JudgeFeeds | None, notes: list[str], searches: list[dict[str, Any]]
+) -> Any:
     try:
         from pe_export.converters.onnx_float16 import float16_to_target
     except ImportError as err:
         raise missing_extra("onnxruntime", "convert") from err
     feeds, valid, sequence = judge() if judge is not None else ([], [], None)  # api.py always gives float16 them
-    model, said = float16_to_target(model, feeds, options.tolerance, valid, sequence, keep=options.keep_float)
+    model, said = float16_to_target(
+        model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, searches=searches
+    )
     notes.extend(said)
     return model
 

@@ -229,11 +229,12 @@ def float16_to_target(
     valid: list[np.ndarray | None] | None = None,
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
+    searches: list[dict[str, Any]] | None = None,
 ) -> tuple[Any, list[str]]:
     """``model`` computing in float16 where it holds its values, with the fewest further nodes in float32 that
     make ``tolerance`` hold against the float32 model on ``feeds`` (the search ``keep_float`` runs for int8;
     ``keep`` names nodes --keep-float keeps float32). Returns the model and the notes that say what stayed float32
-    and why."""
+    and why; ``searches`` receives the search's record (``KeepFloatOutcome.record``)."""
     import onnx
 
     from pe_export.converters.keep_float import Judging, keep_float_to_target, resolve_asked, short_name
@@ -270,6 +271,8 @@ def float16_to_target(
     in_float16, matmuls = plan.matmuls(prepared)
     out_of_range = [name for name, why in plan.float32.items() if "safe range" in why]
     notes = outcome.notes("float nodes")
+    if searches is not None:
+        searches.append(outcome.record("float nodes"))
     notes.append(
         f"float16: {len(plan.float16)} of {len(plan.float16) + len(plan.float32)} nodes compute in float16 "
         f"({in_float16} of {matmuls} MatMul/Gemm); float32 where a value passed float16's safe range "

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.constants import OUTLIER_CHANNELS
+from pe_export.constants import ONNX_INT8_KERNEL, OUTLIER_CHANNELS
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
@@ -28,6 +28,7 @@ from pe_export.converters.keep_float import (
     resolve_asked,
     with_single_rows,
 )
+from pe_export.converters.onnx_block_int8 import BLOCK, block_int8_matmuls, block_int8_node, with_microsoft_domain
 from pe_export.converters.onnx_outliers import is_side_node
 from pe_export.converters.onnx_rewrites import (
     drop_unread_initializers,
@@ -37,8 +38,14 @@ from pe_export.converters.onnx_rewrites import (
 )
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
+from pe_export.errors import ParityError
 from pe_export.parity.tolerances import Tolerance
 
+BLOCKS_NOTE = (
+    f"MatMuls as MatMulNBits (int8 weights and activations in blocks of {BLOCK} input channels of each row, integer "
+    "products; onnxruntime's com.microsoft op, 1.22 or later)"
+)
+ESCALATED_TO = f"block-wise int8 (MatMulNBits: blocks of {BLOCK} channels; onnxruntime 1.22 or later)"
 QUANTIZED_OPS = ("MatMul", "Gather")  # what quantize_dynamic turns into integer kernels in tf2onnx graphs
 
 
@@ -86,15 +93,18 @@ def quantize_to_target(
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
     outliers_per_input: int = OUTLIER_CHANNELS,
+    kernel: str = ONNX_INT8_KERNEL,
 ) -> KeepFloatOutcome:
     """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does; the nodes
     ``keep`` names (--keep-float) float in every candidate; up to ``outliers_per_input`` outlier channels of each
-    MatMul input computed in float beside its int8 product (``onnx_outliers``; 0: none)."""
+    MatMul input computed in float beside its int8 product (``onnx_outliers``; 0: none). ``kernel``: "blocks"
+    (MatMulNBits, ``onnx_block_int8``) or "matmulinteger" (``quantize_dynamic``'s standard ops)."""
     prepared, steps = int8_ready(model)
     nodes = quantizable_nodes(prepared)
     asked = resolve_asked(keep, nodes)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
-        quantized = QuantizedVariants(prepared, _quantize(prepared, [])).build(asked)
+        plain = "matmulinteger" if kernel == "mixed" else kernel
+        quantized = QuantizedVariants(prepared, _quantize(prepared, [], plain)).build(asked)
         return KeepFloatOutcome(quantized, asked, len(nodes), float("nan"), True, asked=asked, kept_bytes=2)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
@@ -102,15 +112,34 @@ def quantize_to_target(
     smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
     if smoothing.smoothed or smoothing.outlier_channels:
         steps.append(smoothing.note())
-    variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside)))
+    judging = Judging(feeds, masks, expected, sequence_outputs=sequence_outputs)
+    candidates, sizes, kinds = quantizable_nodes(smoothed), weight_bytes(smoothed), weight_kinds(smoothed)
+    if kernel == "mixed":
+        quantized = _quantize(smoothed, list(smoothing.beside), "matmulinteger")
+        escalating = QuantizedVariants(smoothed, quantized, kept_as="blocks", always_float=set(asked))
+        try:
+            outcome = keep_float_to_target(
+                candidates, sizes, escalating.build, _run, judging, tolerance, kinds, asked,
+                kept_bytes=1, escalated_to=ESCALATED_TO,
+            )  # fmt: skip
+        except ParityError:  # even every weight escalated misses (an encoder without outliers: one range per
+            # call of 255 levels can beat 127 per block): the standard ops' search, weights kept float
+            kernel = "matmulinteger"
+            steps.append("block-wise int8 for every weight the search could move missed the target: kept float instead")
+        else:
+            outcome.steps = steps
+            return outcome
+    variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel))
+    if kernel == "blocks":
+        steps.append(BLOCKS_NOTE)
     outcome = keep_float_to_target(
-        quantizable_nodes(smoothed),
-        weight_bytes(smoothed),
+        candidates,
+        sizes,
         variants.build,
         _run,
-        Judging(feeds, masks, expected, sequence_outputs=sequence_outputs),
+        judging,
         tolerance,
-        weight_kinds(smoothed),
+        kinds,
         asked,
         kept_bytes=2,  # QuantizedVariants: kept weights in float16 storage
     )
@@ -161,13 +190,19 @@ class QuantizedVariants:
     ``nodes_to_exclude`` writes (up to node order), without quantizing every weight again for each
     variant: at BERT-base one quantizer call is 20 s, and the search asks for a dozen variants."""
 
-    def __init__(self, float_model: Any, quantized: Any) -> None:
-        self.float_model, self.quantized = float_model, quantized
+    def __init__(
+        self, float_model: Any, quantized: Any, kept_as: str = "float", always_float: set[str] | None = None
+    ) -> None:
+        self.float_model, self.quantized, self.kept_as = float_model, quantized, kept_as
+        self.always_float = always_float or set()  # --keep-float's: float whatever ``kept_as`` says
         self._float_nodes = {node.name: node for node in float_model.graph.node}
         self._float_initializers = {init.name: init for init in float_model.graph.initializer}
 
     def build(self, kept: list[str]) -> Any:
+        """The model with ``kept`` out of the per-call int8 products: float (float16 storage), or with
+        ``kept_as`` "blocks" a MatMul kept as block-wise int8 (``onnx_block_int8``; a table lookup goes float)."""
         import onnx
+        from onnx import numpy_helper
 
         if not kept:
             return self.quantized
@@ -180,6 +215,13 @@ class QuantizedVariants:
         casts = []
         for name in kept:
             node = self._float_nodes[name]
+            if self.kept_as == "blocks" and node.op_type == "MatMul" and name not in self.always_float:
+                weight = numpy_helper.to_array(self._float_initializers[node.input[1]])
+                blocked, stored = block_int8_node(node, weight)
+                replaced[producer[node.output[0]]] = blocked
+                graph.initializer.extend(stored)
+                with_microsoft_domain(model)
+                continue
             replaced[producer[node.output[0]]] = node  # the float node where its chain ended
             for weight in node.input:
                 if weight in self._float_initializers and weight not in present:
@@ -205,9 +247,16 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
     return kept[::-1]
 
 
-def _quantize(model: Any, excluded: list[str]) -> Any:
+def _quantize(model: Any, excluded: list[str], kernel: str = "matmulinteger") -> Any:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if kernel == "blocks":
+        quantized = onnx.ModelProto()
+        quantized.CopyFrom(model)
+        block_int8_matmuls(quantized, set(excluded))
+        rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in set(excluded)])
+        return quantized
 
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         target = Path(work) / "int8.onnx"

@@ -13,6 +13,8 @@ from pe_export.constants import (
     MAX_OUTLIER_CHANNELS,
     MAX_SEQ_LEN,
     MIN_ONNX_OPSET,
+    ONNX_INT8_KERNEL,
+    ONNX_INT8_KERNELS,
     ONNX_OUTLIER_MODES,
     ONNX_QUANTIZE_MODES,
     OUTLIER_CHANNELS,
@@ -45,6 +47,7 @@ class ExportOptions:
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
     keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float, ONNX float16 nodes float32
     outlier_channels: int | None = None  # ONNX dynamic-int8: channels per MatMul input in float beside int8
+    int8_kernel: str | None = None  # ONNX dynamic-int8: "blocks" or "matmulinteger" (constants.ONNX_INT8_KERNELS)
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
     layer_map: bool = True  # stamp which tensor carries each layer, proven on the float32 file (pe_export/layers)
 
@@ -60,6 +63,11 @@ class ExportOptions:
     def outliers(self) -> int:
         """Outlier channels per MatMul input that ONNX dynamic-int8 computes in float (0: none)."""
         return OUTLIER_CHANNELS if self.outlier_channels is None else self.outlier_channels
+
+    @property
+    def kernel(self) -> str:
+        """ONNX dynamic-int8's integer products (converters/onnx_quantize.py)."""
+        return ONNX_INT8_KERNEL if self.int8_kernel is None else self.int8_kernel
 
     @property
     def tolerance(self) -> Tolerance:
@@ -95,6 +103,15 @@ class ExportOptions:
                 f"products), not --quantize {self.quantize} for {file_format}; drop --outlier-channels"
             )
         check_range("--outlier-channels", self.outlier_channels, 0, MAX_OUTLIER_CHANNELS)
+        if self.int8_kernel is not None and (file_format, self.quantize) != ("onnx", "dynamic-int8"):
+            raise BadInputError(
+                f"--int8-kernel applies to ONNX --quantize dynamic-int8 (its integer products), not --quantize "
+                f"{self.quantize} for {file_format}; drop --int8-kernel"
+            )
+        if self.int8_kernel is not None and self.int8_kernel not in ONNX_INT8_KERNELS:
+            raise BadInputError(
+                f"--int8-kernel {self.int8_kernel!r} is not one of: {', '.join(ONNX_INT8_KERNELS)}; pass one of them"
+            )
         if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
             raise BadInputError(f"--min-cosine {self.min_cosine} is out of range; expected a number in (0, 1]")
         modes = TFLITE_QUANTIZE_MODES if file_format == "tflite" else ONNX_QUANTIZE_MODES

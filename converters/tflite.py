@@ -44,6 +44,7 @@ def convert_tflite(
     judge: JudgeFeeds | None = None,
     preconverted: tuple[bytes, str, bytes | None] | None = None,
     float_out: list[bytes] | None = None,
+    searches: list[dict[str, Any]] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """Convert one signature at the given input specs. Returns (flatbuffer, captured converter log, notes).
 
@@ -57,7 +58,8 @@ def convert_tflite(
     again; the notes say so. ``judge`` gives the inputs (and valid masks) that dynamic-range int8 must
     meet the export's tolerance on, against the float32 file; without it the converter's file is kept.
     ``float_out`` receives the float32 file where one was made on the way (dynamic-int8's search): the layer
-    map is proven on it (pe_export/layers).
+    map is proven on it (pe_export/layers). ``searches`` receives the record of dynamic-int8's search
+    (``KeepFloatOutcome.record``).
     """
     source = _GraphSource(loaded, frozen, prepared)
     if options.quantize == "int8":
@@ -86,6 +88,8 @@ def convert_tflite(
             )
             data = outcome.model
             notes = [*notes, *outcome.notes("int8 weights")]
+            if searches is not None:
+                searches.append(outcome.record("int8 weights"))
     return data, log, notes
 
 

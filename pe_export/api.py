@@ -65,6 +65,44 @@ class ExportReport:
     # parity against the model as it is failed: the loss accepted is the tables' alone
     against_lossy_tables: list[OutputMetrics] | None = None
     layer_map: str | None = None  # what the stamped layer map covers, or why there is none (pe_export/layers)
+    # the accuracy-driven searches that chose what stays float, each with its measured ranking (keep_float.py)
+    searches: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as --json writes it: what was asked, what was written, what was decided and why, and
+        the parity report (``ParityReport.to_dict``)."""
+        from dataclasses import asdict
+
+        return {
+            "format": self.file_format,
+            "source": str(self.source),
+            "output": str(self.output),
+            "written": self.written,
+            "kept_failed": None if self.kept_failed is None else str(self.kept_failed),
+            "exit_code": int(self.exit_code),
+            "signature": self.signature,
+            "inputs": [spec.describe() for spec in self.input_specs],
+            "quantize": self.options.quantize,
+            "precision": self.options.precision,
+            "tolerance": asdict(self.options.tolerance),
+            "file_bytes": self.summary.file_bytes,
+            "notes": list(self.notes),
+            "tables": [
+                {
+                    "name": result.table.name,
+                    "method": result.method,
+                    "exact": result.exact,
+                    "bytes_before": result.bytes_before,
+                    "bytes_after": result.bytes_after,
+                    "max_error": result.max_error,
+                }
+                for result in self.tables
+            ],
+            "searches": self.searches,
+            "layer_map": self.layer_map,
+            "parity": None if self.parity is None else self.parity.to_dict(),
+            "unverified_reason": self.unverified_reason,
+        }
 
     @property
     def lossy_tables(self) -> list[TableResult]:
@@ -239,6 +277,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             judge=job.judge_feeds if options.verify else None,
             preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
             float_out=float_files,
+            searches=job.searches,
         ),
     )
     layer_map = _layer_map_entries(job, data, float_files[0] if len(float_files) == 1 else None)  # one conversion
@@ -321,6 +360,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             # float16 measures its values and static int8 calibrates on the inputs, whether verified or not
             judge=job.judge_feeds if options.verify or options.quantize in ("float16", "int8") else None,
             float_out=float_files if options.layer_map and options.verify else None,
+            searches=job.searches,
         ),
     )
     layer_map = _layer_map_entries(job, data, float_files[0] if len(float_files) == 1 else None)  # one conversion
@@ -341,8 +381,10 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
     tables = job.options.tables
     if job.rewritten is None or tables.method != "auto" or tables.max_len is not None:
         return data, log, notes  # a method asked by name, or --max-len (rows the plain file lacks)
+    searches, job.searches = job.searches, []  # each conversion's own
     plain, plain_log, plain_notes = convert(None)
     if _payload_bytes(plain) > _payload_bytes(data):
+        job.searches = searches
         return data, log, notes
     assert job.prepared is not None
     job.prepared.results = [result.kept("the rebuild made the file larger") for result in job.prepared.results]
@@ -373,6 +415,7 @@ class _Job:
     prepared: PreparedGraph | None = None
     given: Path | None = None  # what the user passed, where a tokenizer.json is looked for
     layer_map: str | None = None  # the report's line on the stamped layer map
+    searches: list[dict[str, Any]] = field(default_factory=list)  # the written conversion's (ExportReport)
 
     @property
     def specs(self) -> list[TensorSpec]:
@@ -606,6 +649,7 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
         tables=job.prepared.results if job.prepared else [],
         notes=notes or [],
         layer_map=job.layer_map,
+        searches=job.searches,
     )
     inline = isinstance(data, bytes)
     with staged_file(job.output) if inline else staged_in_folder(job.output) as staged:

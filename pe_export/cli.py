@@ -24,6 +24,8 @@ from pe_export.constants import (
     GOLDEN_SEQ_LEN,
     HOLDOUT_EVERY,
     MAX_CHECKED_POSITIONS,
+    ONNX_INT8_KERNEL,
+    ONNX_INT8_KERNELS,
     ONNX_QUANTIZE_MODES,
     OUTLIER_CHANNELS,
     TABLE_DTYPES,
@@ -88,6 +90,13 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
             click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
+            click.option(
+                "--json",
+                "json_path",
+                type=click.Path(path_type=Path),
+                default=None,
+                help="Also write the report as JSON: notes, parity, and each int8/float16 search's measured ranking.",
+            ),
             click.option(
                 "--no-layer-map",
                 is_flag=True,
@@ -181,6 +190,7 @@ def _export_options(**values: Any) -> Any:
         builtins_only=values.get("builtins_only", False),
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
         outlier_channels=values.get("outlier_channels"),
+        int8_kernel=values.get("int8_kernel"),
         verify=not values["no_verify"],
         layer_map=not values["no_layer_map"],
         overwrite=values["overwrite"],
@@ -279,9 +289,22 @@ def _list_tables(saved_model: Path, options: Any) -> int:
     return ExitCode.OK
 
 
-def _print_export(report: Any, verbose: bool) -> int:
+def _checked_json_path(values: dict[str, Any]) -> Path | None:
+    """--json's path, checked before the export's work starts (--overwrite applies to it too)."""
+    from pe_export.fileio import check_output_path
+
+    json_path: Path | None = values["json_path"]
+    if json_path is not None:
+        check_output_path(json_path, overwrite=values["overwrite"], suffix=".json", flag="--json")
+    return json_path
+
+
+def _print_export(report: Any, verbose: bool, json_path: Path | None = None) -> int:
+    from pe_export.fileio import atomic_write_bytes
     from pe_export.report import format_parity_report, format_summary, format_tables
 
+    if json_path is not None:  # written whether the file passed or not: a refused export's report says why
+        atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=True)
     if verbose and report.converter_log.strip():
         click.echo(report.converter_log.rstrip(), err=True)
     lines = [f"pe-export {report.file_format}: {report.source} → {report.output}"]
@@ -316,8 +339,9 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
     verbose = ctx.obj["verbose"]
     if values["list_tables"]:
         return _list_tables(saved_model, _export_options(**values))
+    json_path = _checked_json_path(values)
     report = export_tflite(saved_model, output, _export_options(**values), quiet=not verbose)
-    return _print_export(report, verbose)
+    return _print_export(report, verbose, json_path)
 
 
 @cli.command()
@@ -330,6 +354,14 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
     help=f"dynamic-int8 and int8: compute up to N outlier channels of each MatMul input in float beside its int8 "
     f"product (default {OUTLIER_CHANNELS}; 0: none).",
 )
+@click.option(
+    "--int8-kernel",
+    type=click.Choice(list(ONNX_INT8_KERNELS)),
+    default=None,
+    help=f"dynamic-int8's integer products (default {ONNX_INT8_KERNEL}): matmulinteger = standard ops, one "
+    "activation range per call, kept weights float; blocks = onnxruntime's MatMulNBits (1.22+), int8 per block of 32 "
+    "channels; mixed = matmulinteger, the weights the search keeps as blocks.",
+)
 @click.pass_context
 def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
     """Export SAVED_MODEL to a .onnx file that passes onnx.checker and loads in onnxruntime."""
@@ -338,8 +370,9 @@ def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: A
     verbose = ctx.obj["verbose"]
     if values["list_tables"]:
         return _list_tables(saved_model, _export_options(**values))
+    json_path = _checked_json_path(values)
     report = export_onnx(saved_model, output, _export_options(**values), quiet=not verbose)
-    return _print_export(report, verbose)
+    return _print_export(report, verbose, json_path)
 
 
 @cli.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,13 @@ def no_stray_files(folder: Path) -> list[str]:
 
 
 def test_tflite_report_shows_ops_constants_runtimes_and_parity(capfd, saved_model, tmp_path: Path) -> None:
-    out = tmp_path / "m.tflite"
-    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", out)
+    out, report = tmp_path / "m.tflite", tmp_path / "m.json"
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", out, "--json", report)
     assert result.exit_code == 0, result.stderr
+    written = json.loads(report.read_text())  # --json: the same report, by field
+    assert written["file_bytes"] == out.stat().st_size and written["written"] and written["exit_code"] == 0
+    assert written["parity"]["passed"] and written["parity"]["outputs"] and written["searches"] == []
+    assert written["inputs"] == ["token_ids: int32[?,?]"] and written["precision"] == "fp32"
     for fragment in (
         "signature serving_default",
         "in   token_ids: int32[?,?]",
@@ -110,6 +115,11 @@ def test_existing_output_is_kept_without_overwrite(capfd, saved_model, tmp_path:
     replaced = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", out, "--overwrite")
     assert replaced.exit_code == 0 and out.read_bytes() != b"previous"
     assert no_stray_files(tmp_path) == []
+    report = tmp_path / "m.json"
+    report.write_text("previous")  # --json is checked before the work, like the output
+    refused = run_cli(capfd, "onnx", saved_model("encoder_dynamic"), "-o", tmp_path / "n.onnx", "--json", report)
+    assert_one_line_error(refused, ExitCode.BAD_INPUT, "m.json already exists", "--overwrite")
+    assert report.read_text() == "previous" and not (tmp_path / "n.onnx").exists()
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -75,6 +75,14 @@ def unknown_ops(model: Any) -> list[str]:
     return sorted(bad)
 
 
+def newer_ops(nodes: list[Any]) -> list[str]:
+    """Ops of the file that only recent onnxruntime releases run, each with the release it needs."""
+    eight_bit = any(
+        node.op_type == "MatMulNBits" and any(a.name == "bits" and a.i == 8 for a in node.attribute) for node in nodes
+    )
+    return ["MatMulNBits with 8-bit weights (onnxruntime 1.22 or later)"] if eight_bit else []
+
+
 def _all_nodes(graph: Any) -> list[Any]:
     nodes = []
     for node in graph.node:
@@ -119,7 +127,7 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
         op_counts=op_counts,
         constants=constants,
         custom_ops=bad,
-        runs_on=onnx_verdicts(bad, domains),
+        runs_on=onnx_verdicts(bad, domains, newer_ops(nodes)),
         details={"opset": opsets, "producer": f"{model.producer_name} {model.producer_version}".strip()},
         metadata={text(prop.key): text(prop.value) for prop in model.metadata_props},
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pe_export.inspection.summary import RuntimeVerdict
 
 FLEX_RUNTIME_HINT = (
@@ -95,11 +97,13 @@ def tflite_verdicts(
     ]
 
 
-def onnx_verdicts(unknown_ops: list[str], custom_domains: list[str]) -> list[RuntimeVerdict]:
+def onnx_verdicts(unknown_ops: list[str], custom_domains: list[str], newer: Sequence[str] = ()) -> list[RuntimeVerdict]:
+    """``newer``: ops that need a recent onnxruntime, each naming the release (``onnx_file.newer_ops``)."""
     if unknown_ops:
         reason = f"ops without an ONNX schema: {', '.join(unknown_ops)}"
         return [RuntimeVerdict("onnxruntime", False, reason)]
     notes = "standard ONNX ops" if not custom_domains else f"uses domains {', '.join(custom_domains)}"
+    notes += "".join(f"; needs {op}" for op in newer)
     return [
         RuntimeVerdict("onnxruntime", True, f"{notes} (CPU provider)"),
         RuntimeVerdict(

@@ -4,10 +4,12 @@ per weight, each run in the installed runtime."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 
+import onnx
 import pytest
 
 from pe_export.api import export_onnx, export_tflite
@@ -64,9 +66,18 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     strict = export(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=target))
     note = next(n for n in strict.notes if n.startswith("int8:"))
     print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
-    found = re.search(rf"(\d+) of (\d+) {what} kept in float.*; (\d+) quantized files tried, (\d+) on every", note)
+    # ONNX (--int8-kernel mixed, the default): kept block-wise int8, or float where that could not meet it
+    found = re.search(rf"(\d+) of (\d+) {what} kept in (float|block-wise int8).*; (\d+) quantized files tried, "
+                      r"(\d+) on every", note)  # fmt: skip
     assert found, note
-    kept, candidates, files, verdicts = (int(g) for g in found.groups())
+    kept, candidates, files, verdicts = (int(g) for g in found.groups()[:2] + found.groups()[3:])
+    if file_format == "onnx":  # the file written holds what the note says
+        written = onnx.load(str(output))
+        blocked = {node.name for node in written.graph.node if node.op_type == "MatMulNBits"}
+        kept_matmuls = {name for name in strict.searches[0]["kept_float"] if "Gather" not in name}
+        escalated = found[3] == "block-wise int8"
+        assert blocked == (kept_matmuls if escalated else set()) and (blocked or not escalated), blocked
+        assert strict.searches[0]["kept_as"].startswith("block-wise" if escalated else "float")
     assert chosen_cosine(strict.notes) >= target and 1 <= kept < candidates and candidates >= 6 * LAYERS
     assert_judged_on_the_held_out_part(strict, target, output)
     # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking on the probe
@@ -74,6 +85,22 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     places = 6 + (candidates - 6 * LAYERS)
     assert files <= 1 + places + 2 * math.ceil(math.log2(candidates + 1)) + 1 < 1 + candidates
     assert verdicts <= 3  # all-int8's, and the probe's count (once more where that verdict failed)
+    _the_record_says_what_the_search_did(strict.to_dict(), kept, candidates, files)
+
+
+def _the_record_says_what_the_search_did(report: dict, kept: int, candidates: int, files: int) -> None:
+    """--json's record of the search: the note's figures, every candidate ranked by its measured cost per
+    weight byte, and the weights kept float the top of that ranking (bisection keeps a prefix of it)."""
+    report = json.loads(json.dumps(report))  # what --json writes
+    (search,) = report["searches"]
+    assert (len(search["kept_float"]), search["candidates"], search["files_tried"]) == (kept, candidates, files)
+    ranking = search["ranking"]
+    assert len(ranking) == candidates and all(entry["weight_bytes"] > 0 for entry in ranking)
+    per_byte = [entry["cost"] / entry["weight_bytes"] for entry in ranking]
+    assert per_byte == sorted(per_byte, reverse=True)
+    assert [entry["kept"] for entry in ranking] == [True] * kept + [False] * (candidates - kept)
+    assert {entry["name"] for entry in ranking if entry["kept"]} == set(search["kept_float"])
+    assert report["parity"]["passed"] and report["written"] and report["exit_code"] == 0
 
 
 def test_a_target_only_float_meets_is_refused_not_stamped_int8(encoder: Path, tmp_path: Path) -> None:
