@@ -323,6 +323,20 @@ def onnx_model(graph: Any, *opsets: tuple[str, int]) -> Any:
     )
 
 
+def matmul_model(weight: Any) -> Any:
+    """One MatMul of an input x [n, K] by the constant ``weight`` [K, N], named "product"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="product")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, weight.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, weight.shape[1]])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return onnx_model(graph)
+
+
 SHELL_FENCE = re.compile(r"^```(?:bash|sh|shell)\n(.*?)^```", re.S | re.M)
 
 

@@ -8,24 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.converters.onnx_block_int8 import BLOCK, LEVELS, block_int8_matmuls, block_int8_weight, dequantized
 from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run
-from tests.helpers import onnx_model
+from tests.helpers import matmul_model
 
 K, N = 72, 24  # K not a multiple of the block: the last block is padded
-
-
-def matmul_model(weight: np.ndarray) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"], name="product")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, weight.shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, weight.shape[1]])],
-        initializer=[numpy_helper.from_array(weight, "W")],
-    )
-    return onnx_model(graph)
 
 
 def test_the_stored_weight_is_each_blocks_symmetric_rounding() -> None:

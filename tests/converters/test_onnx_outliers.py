@@ -6,23 +6,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from pe_export.converters.onnx_outliers import add_outlier_paths, is_side_node
 from pe_export.converters.onnx_quantize import _quantize, _run, quantizable_nodes
 from pe_export.converters.smoothing import outlier_channels
-from tests.helpers import SATURATES, int8_kernel_saturates, onnx_model
-
-
-def matmul_model(weight: np.ndarray) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"], name="product")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, weight.shape[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, weight.shape[1]])],
-        initializer=[numpy_helper.from_array(weight, "W")],
-    )
-    return onnx_model(graph)
+from tests.helpers import SATURATES, int8_kernel_saturates, matmul_model
 
 
 def split(model: onnx.ModelProto, channels: list[int]) -> onnx.ModelProto:
