@@ -127,7 +127,7 @@ def quantize_to_target(
             kernel = "matmulinteger"
             steps.append("block-wise int8 for every weight the search could move missed the target: kept float instead")
         else:
-            outcome.steps = steps
+            outcome.steps, outcome.float_bytes = steps, _escalated_bytes(outcome, smoothed)
             return outcome
     variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel))
     if kernel == "blocks":
@@ -145,6 +145,19 @@ def quantize_to_target(
     )
     outcome.steps = steps
     return outcome
+
+
+def _escalated_bytes(outcome: KeepFloatOutcome, model: Any) -> int:
+    """What the weights the mixed search kept cost over int8: a MatMul's block scales (float32, one per ``BLOCK``
+    values), a table's float16 values (2 B against int8's 1)."""
+    ops = {node.name: node.op_type for node in model.graph.node}
+    values = {name: size // 4 for name, size in outcome.weight_bytes.items()}
+    return sum(
+        values.get(name, 0) * 4 // BLOCK
+        if ops.get(name) == "MatMul" and name not in outcome.asked
+        else values.get(name, 0)
+        for name in outcome.kept_float
+    )
 
 
 def int8_ready(model: Any) -> tuple[Any, list[str]]:
