@@ -94,6 +94,11 @@ def test_fixed_model_length_cannot_be_changed(capfd, saved_model, tmp_path: Path
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "9999999999"], ["out of range"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--seq-len", "8", "--dynamic-seq"], ["contradict"]),
         (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--opset", "7"], ["--opset 7"]),
+        (
+            lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--quantize", "float16", "--int8-kernel", "blocks"],
+            ["--int8-kernel applies to ONNX --quantize dynamic-int8", "drop --int8-kernel"],
+        ),
+        (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--json", d / "r.txt"], ["--json", "ending in .json"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.onnx"], ["expected a file name ending in .tflite"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "nofolder" / "m.tflite"], ["does not exist; create it"]),
         (lambda d, sm: ["inspect", d / "file.txt"], ["neither .tflite nor .onnx"]),

@@ -51,9 +51,15 @@ def test_a_failed_export_leaves_nothing_unless_kept_by_name(capfd, saved_model, 
         result, ExitCode.PARITY_FAILED, "m.tflite was not written", "--keep-failed keeps", "m.FAILED.tflite"
     )
     assert listing(tmp_path) == []
-    kept = run_cli(capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy, "--keep-failed")
+    report = tmp_path.parent / f"{tmp_path.name}.json"  # --json: written for a refused export too, saying so
+    kept = run_cli(
+        capfd, "tflite", saved_model(MODEL), "-o", tmp_path / "m.tflite", *lossy, "--keep-failed", "--json", report
+    )
     assert_one_line_error(kept, ExitCode.PARITY_FAILED, "the failing file is kept as", "m.FAILED.tflite")
     assert listing(tmp_path) == ["m.FAILED.tflite"]
+    said = json.loads(report.read_text())
+    assert (said["written"], said["exit_code"], said["parity"]["passed"]) == (False, ExitCode.PARITY_FAILED, False)
+    assert said["kept_failed"] == str(tmp_path / "m.FAILED.tflite") and said["tables"][0]["method"] == "interp"
 
 
 def test_outputs_have_the_permissions_the_umask_gives(capfd, saved_model, tmp_path: Path) -> None:
