@@ -75,12 +75,45 @@ def unknown_ops(model: Any) -> list[str]:
     return sorted(bad)
 
 
+MATMULNBITS_8BIT_RELEASE = (1, 22)  # onnxruntime's first with 8-bit MatMulNBits kernels on x86 CPUs
+
+
 def newer_ops(nodes: list[Any]) -> list[str]:
     """Ops of the file that only recent onnxruntime releases run, each with the release it needs."""
     eight_bit = any(
         node.op_type == "MatMulNBits" and any(a.name == "bits" and a.i == 8 for a in node.attribute) for node in nodes
     )
-    return ["MatMulNBits with 8-bit weights (onnxruntime 1.22 or later)"] if eight_bit else []
+    release = ".".join(str(part) for part in MATMULNBITS_8BIT_RELEASE)
+    return [f"MatMulNBits with 8-bit weights (onnxruntime {release} or later)"] if eight_bit else []
+
+
+def release_of(version: str) -> tuple[int, ...]:
+    """ "1.23.0.dev20250101" → (1, 23, 0): the leading numbers of a version string."""
+    numbers = []
+    for part in version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def too_new_for(model: str | bytes, installed: str) -> str | None:
+    """Where the onnxruntime ``installed`` is older than an op of ``model`` (a path or the file's bytes) needs:
+    one line that says so and what to do; else None. Read only for such a runtime: the newer ones run it."""
+    if release_of(installed) >= MATMULNBITS_8BIT_RELEASE:
+        return None
+    onnx = import_onnx()
+    proto = (
+        onnx.load_model_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+    )
+    needed = newer_ops(_all_nodes(proto.graph))
+    if not needed:
+        return None
+    return (
+        f"this file needs {needed[0]} and this is onnxruntime {installed}: upgrade onnxruntime, or re-export "
+        "with --int8-kernel matmulinteger (standard ops)"
+    )
 
 
 def _all_nodes(graph: Any) -> list[Any]:

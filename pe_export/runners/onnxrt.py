@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
+from pe_export.inspection.onnx_file import too_new_for
 from pe_export.runners.base import Runner, register_runner
 from pe_export.runtime_options import DEFAULT_PROVIDERS, PROVIDER_ALIASES, resolve_providers
 from pe_export.specs import TensorSpec
@@ -157,6 +158,9 @@ class OnnxRuntimeRunner(Runner):
         if self.threads:
             options.intra_op_num_threads = self.threads
         model: str | bytes = str(self.model_path) if self.serialized is None else self.serialized
+        too_new = too_new_for(model, ort.__version__)
+        if too_new is not None:
+            raise RuntimeUnavailableError(f"onnxruntime cannot run {self.model_path.name}: {too_new}")
         if self.preserve_tensors:
             model = self._with_every_value_an_output()
         try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from pe_export.converters.onnx_block_int8 import BLOCK, LEVELS, block_int8_matmuls, block_int8_weight, dequantized
 from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run
@@ -72,3 +73,29 @@ def test_inspect_names_the_onnxruntime_release_it_needs(tmp_path: Path) -> None:
     block_int8_matmuls(model, set())
     blocked = summarize_onnx_model(model, tmp_path / "m.onnx", 0).runs_on[0]
     assert "1.22" not in plain.why and "MatMulNBits with 8-bit weights (onnxruntime 1.22 or later)" in blocked.why
+
+
+def test_an_older_onnxruntime_is_told_what_the_file_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JetPack's onnxruntime may predate 8-bit MatMulNBits: the runner says so in one line, with the way out,
+    before onnxruntime's own error. The release installed here is made to read as an older one; the check is ours."""
+    import onnxruntime
+
+    from pe_export.errors import RuntimeUnavailableError
+    from pe_export.runners import create_runner
+
+    x = np.ones((2, K), np.float32)
+    blocked, standard = tmp_path / "blocks.onnx", tmp_path / "standard.onnx"
+    model = matmul_model(np.ones((K, N), np.float32))
+    onnx.save(_quantize(model, [], "matmulinteger"), str(standard))
+    block_int8_matmuls(model, set())
+    onnx.save(model, str(blocked))
+    with create_runner("onnxruntime", blocked) as runner:  # the release installed here runs it
+        assert runner.infer({"x": x})["y"].shape == (2, N)
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    with pytest.raises(RuntimeUnavailableError) as refused:
+        create_runner("onnxruntime", blocked).activate()
+    message = str(refused.value)
+    assert "needs MatMulNBits with 8-bit weights (onnxruntime 1.22 or later)" in message and "1.20.1" in message
+    assert "--int8-kernel matmulinteger" in message and "\n" not in message
+    with create_runner("onnxruntime", standard) as runner:  # standard ops: no refusal
+        assert runner.infer({"x": x})["y"].shape == (2, N)
