@@ -78,7 +78,7 @@ class KeepFloatOutcome:
             "candidates": self.candidates,
             "what": what,
             "kept_float": list(self.kept_float),
-            "kept_as": self.escalated_to or "float",
+            "kept_as": self.escalated_to or self._kept_as,
             "asked": list(self.asked),
             "worst_cosine_chosen_on": self.cosine,
             "passed_where_chosen": self.passed,
@@ -100,9 +100,15 @@ class KeepFloatOutcome:
             ),
         }
 
+    @property
+    def _kept_as(self) -> str:
+        """What a weight kept out of the mode is computed in: float32 out of float16, float out of int8."""
+        return "float32" if self.mode == "float16" else "float"
+
     def notes(self, what: str) -> list[str]:
         float16 = self.mode == "float16"
-        done, kept_as, files = ("in float16", "float32", "float16") if float16 else ("quantized", "float", "quantized")
+        done, files = ("in float16", "float16") if float16 else ("quantized", "quantized")
+        kept_as = self._kept_as
         stored = " (float16 storage, float32 arithmetic)" if not float16 and self.kept_bytes == 2 else ""
         searched_as = self.escalated_to or kept_as
         before = "".join(f"{step}; " for step in self.steps)

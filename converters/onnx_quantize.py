@@ -214,12 +214,20 @@ class QuantizedVariants:
         self.always_float = always_float or set()  # --keep-float's: float whatever ``kept_as`` says
         self._float_nodes = {node.name: node for node in float_model.graph.node}
         self._float_initializers = {init.name: init for init in float_model.graph.initializer}
+        self._blocked: dict[str, tuple[Any, list[Any]]] = {}  # a MatMul's block-wise form, made once for the search
+
+    def _block_int8(self, node: Any) -> tuple[Any, list[Any]]:
+        from onnx import numpy_helper
+
+        if node.name not in self._blocked:
+            weight = numpy_helper.to_array(self._float_initializers[node.input[1]])
+            self._blocked[node.name] = block_int8_node(node, weight)
+        return self._blocked[node.name]
 
     def build(self, kept: list[str]) -> Any:
         """The model with ``kept`` out of the per-call int8 products: float (float16 storage), or with
         ``kept_as`` "blocks" a MatMul kept as block-wise int8 (``onnx_block_int8``; a table lookup goes float)."""
         import onnx
-        from onnx import numpy_helper
 
         if not kept:
             return self.quantized
@@ -233,10 +241,9 @@ class QuantizedVariants:
         for name in kept:
             node = self._float_nodes[name]
             if self.kept_as == "blocks" and node.op_type == "MatMul" and name not in self.always_float:
-                weight = numpy_helper.to_array(self._float_initializers[node.input[1]])
-                blocked, stored = block_int8_node(node, weight)
+                blocked, blocked_weights = self._block_int8(node)
                 replaced[producer[node.output[0]]] = blocked
-                graph.initializer.extend(stored)
+                graph.initializer.extend(blocked_weights)  # copied: the cached protos stay as they are
                 with_microsoft_domain(model)
                 continue
             replaced[producer[node.output[0]]] = node  # the float node where its chain ended

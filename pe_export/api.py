@@ -177,17 +177,21 @@ def export_onnx(saved_model: Path, output: Path | None, options: ExportOptions, 
 def _export(
     file_format: str, export: Any, given: Path, output: Path | None, options: ExportOptions, quiet: bool
 ) -> ExportReport:
-    from pe_export.memory import check_before_work, saved_weight_bytes
+    from pe_export.memory import check_before_work
     from pe_export.sources import model_source
 
     output = default_output_path(given, file_format) if output is None else Path(output)
     options.validate(file_format)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
-        weights = saved_weight_bytes(source.saved_model)
-        plain = file_format == "tflite" and converts_in_child(options, weights)
+        plain = file_format == "tflite" and converts_in_child(options, source.weight_bytes)
         check_before_work(
-            file_format, source.saved_model, options.quantize, options.force, converter_layout=plain, weights=weights
+            file_format,
+            source.saved_model,
+            options.quantize,
+            options.force,
+            converter_layout=plain,
+            weights=source.weight_bytes,
         )
         report = _judged_by_accuracy(export, source, output, options, quiet)
     report.source = Path(given)
@@ -327,9 +331,8 @@ def converts_in_child(options: ExportOptions, weight_bytes: int) -> bool:
 def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     """The child's conversion where ``converts_in_child``, else None."""
     from pe_export.converters.tflite_child import convert_in_child
-    from pe_export.memory import saved_weight_bytes
 
-    if not converts_in_child(options, saved_weight_bytes(source.saved_model)):
+    if not converts_in_child(options, source.weight_bytes):
         return None
     allow_flex = not options.builtins_only
     return convert_in_child(

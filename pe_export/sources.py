@@ -46,6 +46,13 @@ class ModelSource:
             return _files_digest([self.given / CHECKPOINT_CONFIG, *sorted(self.given.glob(CHECKPOINT_WEIGHTS))])
         return savedmodel_digest(self.saved_model)
 
+    @cached_property
+    def weight_bytes(self) -> int:
+        """Bytes of its variables, from saved_model.pb alone (``memory.saved_weight_bytes``), read once."""
+        from pe_export.memory import saved_weight_bytes
+
+        return saved_weight_bytes(self.saved_model)
+
 
 def output_stem(path: Path) -> str:
     """The name a default output takes from what the user passed: folder name, or file name less .keras."""
