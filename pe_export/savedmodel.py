@@ -147,7 +147,12 @@ def frozen_function(concrete: Any) -> Any:
 
 
 def frozen_graph_def(concrete: Any) -> Any:
-    return frozen_function(concrete).graph.as_graph_def()
+    """Plain freezing's GraphDef, its weights named by their variables as the export's own graph names them."""
+    from pe_export.weights import captured_variables, stable_capture_names
+
+    graph_def = frozen_function(concrete).graph.as_graph_def()
+    stable_capture_names(graph_def, captured_variables(concrete))
+    return graph_def
 
 
 def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, int]:

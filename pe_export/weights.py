@@ -14,6 +14,7 @@ Const, exactly as before: position tables are found and rewritten by their value
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,7 @@ def weightless_freeze(concrete: Any, min_bytes: int = MIN_STAND_IN_BYTES) -> tup
     """
     from tensorflow.python.framework import convert_to_constants as c2c
 
-    variables = _captured_variables(concrete)
+    variables = captured_variables(concrete)
     large = {name for name, var in variables.items() if _big_float(var, min_bytes)}
     held_back = {id(variables[name]) for name in large}
 
@@ -98,6 +99,9 @@ def weightless_freeze(concrete: Any, min_bytes: int = MIN_STAND_IN_BYTES) -> tup
     graph_def, converted = c2c._replace_variables_by_constants(converter_data=data)
     captured = [concrete.graph.internal_captures[index].name for index in converted]
     inputs = [t.name for t in concrete.inputs if t.name not in set(captured)]
+    renamed = stable_capture_names(graph_def, variables)
+    variables = {renamed.get(name, name): var for name, var in variables.items()}
+    large = {renamed.get(name, name) for name in large}
     markers = {node_name(name) for name in large}
     store = WeightStore()
     nodes = [node for node in graph_def.node if node.name in markers]
@@ -117,7 +121,41 @@ def weightless_freeze(concrete: Any, min_bytes: int = MIN_STAND_IN_BYTES) -> tup
     return graph_def, store, inputs
 
 
-def _captured_variables(concrete: Any) -> dict[str, Any]:
+def stable_capture_names(graph_def: Any, variables: dict[str, Any]) -> dict[str, str]:
+    """In place: each frozen capture node (named by TensorFlow's process-wide counter: ``1596`` on the first load
+    of a SavedModel, ``4186`` on the next one in the same process) takes its variable's name
+    (``transformer_layer_0/self_attention_layer/query/kernel``), unique in the graph; returns old → new.
+
+    The counter made one SavedModel freeze to differently named graphs, and tf2onnx orders its output by name:
+    the ONNX file, and every choice an export makes by graph order, changed with it."""
+    taken = {node.name for node in graph_def.node}
+    renamed: dict[str, str] = {}
+    for node in graph_def.node:
+        var = variables.get(node.name)
+        if var is None:
+            continue
+        base = _NODE_NAME_UNSAFE.sub("_", str(var.name).split(":")[0]).lstrip("_./-") or "weight"
+        new, suffix = base, 1
+        while new in taken:
+            new, suffix = f"{base}_{suffix}", suffix + 1
+        taken.add(new)
+        renamed[node.name] = new
+    if not renamed:
+        return renamed
+    for node in graph_def.node:
+        node.name = renamed.get(node.name, node.name)
+        for index, name in enumerate(node.input):
+            control, rest = ("^", name[1:]) if name.startswith("^") else ("", name)
+            base, colon, port = rest.partition(":")
+            if base in renamed:
+                node.input[index] = f"{control}{renamed[base]}{colon}{port}"
+    return renamed
+
+
+_NODE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_./\-]")  # outside what a TensorFlow node name may hold
+
+
+def captured_variables(concrete: Any) -> dict[str, Any]:
     """Capture placeholder node name → the variable it captures (as TensorFlow's freezing maps them)."""
     by_handle = {id(var.handle): var for var in concrete.graph.variables}
     result = {}

@@ -124,3 +124,21 @@ def test_tflite_from_stand_ins_has_the_plain_path_buffers(bert: Path, monkeypatc
         files[min_bytes] = weight_buffers(output.read_bytes())
     assert len(files[NO_STAND_INS]) >= 13
     assert files[ALL_STAND_INS] == files[NO_STAND_INS]
+
+
+def test_frozen_weights_are_named_by_their_variables_on_every_load(bert: Path) -> None:
+    """TensorFlow names a loaded SavedModel's captures by a process-wide counter (1596 on the first load, 4186 on
+    the next): frozen, each weight takes its variable's name, so the same model freezes to the same graph."""
+    from pe_export.weights import is_stand_in
+
+    graphs = []
+    for _ in range(2):
+        loaded, frozen = _frozen(bert, ALL_STAND_INS)
+        graph_def, _, _ = frozen.graph()
+        variables = {var.name.split(":")[0] for var in loaded.obj.variables}
+        graphs.append(graph_def)
+        stand_ins = [node.name for node in graph_def.node if is_stand_in(node)]
+        assert stand_ins and set(stand_ins) <= variables, stand_ins[:4]
+        assert any(name.endswith("query/kernel") for name in stand_ins), stand_ins
+    first, second = ([(node.name, node.op, list(node.input)) for node in g.node] for g in graphs)
+    assert first == second
