@@ -66,6 +66,9 @@ class KeepFloatOutcome:
     # where the format moves the weights it keeps to a finer integer product instead of float (ONNX's block-wise
     # int8): what the notes call it; "" for float. --keep-float's weights stay float.
     escalated_to: str = ""
+    # searches whose choice this one started from (static int8: the weights kept float16 before the activations
+    # were chosen); their notes and records come first
+    before: list[KeepFloatOutcome] = field(default_factory=list)
 
     def record(self, what: str) -> dict[str, Any]:
         """What the search did, for the export's --json: its verdict, and each candidate weight ranked as the

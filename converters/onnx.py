@@ -246,6 +246,9 @@ def _static_int8(
     outcome = static_int8_to_target(
         model, feeds, options.tolerance, valid, sequence, keep=options.keep_float, outliers_per_input=options.outliers
     )
+    for earlier in outcome.before:  # the weights kept float16 before the activations were chosen
+        notes.extend(earlier.notes("int8 weights"))
+        searches.append(earlier.record("int8 weights"))
     notes.extend(outcome.notes("quantizable nodes"))
     searches.append(outcome.record("quantizable nodes"))
     return outcome.model

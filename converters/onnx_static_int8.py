@@ -24,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pe_export.constants import OUTLIER_CHANNELS
+from pe_export.converters.gptq import GptqWeights, matmul_gptq
 from pe_export.converters.keep_float import (
     Feeds,
     Judging,
@@ -52,8 +54,11 @@ from pe_export.converters.onnx_quantize import (
 from pe_export.converters.onnx_rewrites import drop_unread_initializers, float16_stored
 from pe_export.converters.onnx_smooth import _with_outputs, smooth_activations
 from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
-from pe_export.parity.tolerances import Tolerance
+from pe_export.errors import ParityError
+from pe_export.parity.tolerances import STATIC_INT8_CHOICE_SHARE, Tolerance
 
+WEIGHT_ONLY = "weight-only int8 (int8 weights, float activations: no QDQ on the activation)"
+GPTQ_NOTE = "int8 weights rounded by GPTQ (each rounding's error carried to the input channels not yet rounded)"
 PERCENTILE = 99.999  # percentile calibration: the range holds this share of a tensor's |values|
 HISTOGRAM_BINS = 2048  # its histogram's bins (onnxruntime's default for percentile)
 
@@ -117,9 +122,18 @@ def calibrate(model: Any, feeds: Feeds, tensors: list[str]) -> Calibrated:
     return Calibrated(ranges)
 
 
-def qdq_model(model: Any, ranges: dict[str, float], kept: list[str], tables: bool = True) -> Any:
+def qdq_model(
+    model: Any,
+    ranges: dict[str, float],
+    kept: list[str],
+    tables: bool = True,
+    weight_only: Collection[str] = (),
+    rounding: GptqWeights | None = None,
+) -> Any:
     """``model`` (float) with QDQ around every MatMul not in ``kept`` (symmetric int8 activations from
-    ``ranges``, weights per output channel), tables int8 per row unless kept; kept weights stored in float16."""
+    ``ranges``, weights per output channel), tables int8 per row unless kept; kept weights stored in float16.
+    The MatMuls in ``weight_only`` read their activations in float (int8 weights only); ``rounding`` gives the
+    int8 weights GPTQ's values instead of the nearest ones."""
     import onnx
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
@@ -166,7 +180,54 @@ def qdq_model(model: Any, ranges: dict[str, float], kept: list[str], tables: boo
     if tables:
         rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in kept_set])
     _store_kept_in_float16(quantized, kept_set)
+    # A kept node reads its activations float too: where it shares an input with quantized MatMuls (a layer's
+    # query beside its key and value), the quantizer had it read their DequantizeLinear.
+    float_activations(quantized, kept_set | set(weight_only))
+    if rounding is not None:
+        rounding.apply(quantized)
     return quantized
+
+
+def float_activations(model: Any, nodes: set[str]) -> int:
+    """In place: the named MatMuls read their activations as they are, not through a QuantizeLinear →
+    DequantizeLinear pair (a constant's DequantizeLinear, the int8 weight, stays); the pairs no node reads any more
+    are dropped. Returns the inputs changed. What TensorRT runs as weight-only int8 and onnxruntime as a float
+    product of the dequantized weight."""
+    graph = model.graph
+    constants = {init.name for init in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
+    changed = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.name not in nodes:
+            continue
+        for index, name in enumerate(node.input[:2]):
+            dequantize = producers.get(name)
+            if dequantize is None or dequantize.op_type != "DequantizeLinear" or dequantize.input[0] in constants:
+                continue
+            quantize = producers.get(dequantize.input[0])
+            if quantize is not None and quantize.op_type == "QuantizeLinear":
+                node.input[index] = quantize.input[0]
+                changed += 1
+    if changed:
+        _drop_unread_qdq(graph)
+    return changed
+
+
+def _drop_unread_qdq(graph: Any) -> None:
+    """QuantizeLinear/DequantizeLinear nodes whose output nothing reads, repeatedly; then the initializers no node
+    reads."""
+    while True:
+        read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output}
+        live = [
+            node
+            for node in graph.node
+            if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or any(out in read for out in node.output)
+        ]
+        if len(live) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(live)
+    drop_unread_initializers(graph)
 
 
 def _store_kept_in_float16(model: Any, kept: set[str]) -> None:
@@ -234,7 +295,45 @@ def choose_method(
     return max(figures, key=lambda name: figures[name]), figures
 
 
-def static_int8_to_target(
+@dataclass
+class StaticPlan:
+    """What every static int8 candidate of one export is built from and judged on: the smoothed float model, the
+    chosen activation ranges, GPTQ's weights, the judging inputs, the nodes --keep-float names, and the notes of
+    what was done."""
+
+    model: Any
+    ranges: dict[str, float]
+    rounding: GptqWeights
+    judging: Judging
+    asked: list[str]
+    steps: list[str]
+
+    def build(self, float16: Collection[str], weight_only: Collection[str]) -> Any:
+        """The QDQ file with ``float16`` (and --keep-float's) nodes float, ``weight_only`` MatMuls reading float
+        activations, everything else int8."""
+        kept = [*self.asked, *(name for name in float16 if name not in self.asked)]
+        return qdq_model(self.model, self.ranges, kept, weight_only=weight_only, rounding=self.rounding)
+
+    @property
+    def products(self) -> list[str]:
+        """The MatMuls whose activations may be int8 (weights' and attention's), graph order, less --keep-float's."""
+        reads = matmul_activations(self.model)
+        return [name for name in static_candidates(self.model) if name not in self.asked and name in reads]
+
+    @property
+    def weights(self) -> list[str]:
+        """The int8 weights (MatMuls' and tables'), graph order, less --keep-float's."""
+        return [name for name in quantizable_nodes(self.model) if name not in self.asked]
+
+    def worst_cosine(self, model: Any, tolerance: Tolerance) -> float:
+        """``model``'s worst cosine on the judging inputs, as the search scores a candidate."""
+        judging, outputs = self.judging, _run(model, self.judging.feeds)
+        return min(
+            feed_score(*judging.part(outputs, unit), tolerance, judging.sequence_outputs)[1] for unit in judging.units()
+        )
+
+
+def plan_static_int8(
     model: Any,
     feeds: Feeds,
     tolerance: Tolerance,
@@ -242,9 +341,8 @@ def static_int8_to_target(
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
     outliers_per_input: int = OUTLIER_CHANNELS,
-) -> KeepFloatOutcome:
-    """Static QDQ int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does: the
-    nodes ``keep`` names float in every candidate, the search keeping the most sensitive others float."""
+) -> StaticPlan:
+    """Smoothing, the calibration method and its ranges, GPTQ's weights: everything before the search."""
     if not feeds:
         raise ValueError("static int8 needs inputs to calibrate on")
     prepared, steps = int8_ready(model)
@@ -263,18 +361,77 @@ def static_int8_to_target(
         f"activation ranges by {method}"
         + (f" (worst cosine of each method's all-int8 file on inputs it did not calibrate on: {said})" if said else "")
     )
+    rounding = matmul_gptq(smoothed, feeds, masks)
+    steps.append(GPTQ_NOTE)
+    judging = Judging(feeds, masks, expected, sequence_outputs=sequence_outputs)
+    return StaticPlan(smoothed, ranges, rounding, judging, asked, steps)
+
+
+def static_int8_to_target(
+    model: Any,
+    feeds: Feeds,
+    tolerance: Tolerance,
+    valid: list[np.ndarray | None] | None = None,
+    sequence_outputs: set[str] | None = None,
+    keep: tuple[str, ...] = (),
+    outliers_per_input: int = OUTLIER_CHANNELS,
+) -> KeepFloatOutcome:
+    """Static QDQ int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does, chosen
+    against ``STATIC_INT8_CHOICE_SHARE`` of the cosine error the target allows: the nodes ``keep`` names float in
+    every candidate. What misses first reads its activations float (weight-only int8); where even every MatMul so
+    misses, the weights that cost most go float16 first (a search of its own, in ``before``)."""
+    plan = plan_static_int8(model, feeds, tolerance, valid, sequence_outputs, keep, outliers_per_input)
+    target, tolerance = tolerance, tolerance.with_cosine_error(STATIC_INT8_CHOICE_SHARE)
+    steps = [
+        *plan.steps,
+        f"chosen against cosine >= {tolerance.min_cosine:g} ({STATIC_INT8_CHOICE_SHARE:g} of the error the target "
+        f"{target.min_cosine:g} allows: ranges and rounding fitted to these inputs read better there than on new ones)",
+    ]
+    sizes, kinds = weight_bytes(plan.model), weight_kinds(plan.model)  # no size for an activation product
+    products = plan.products
+    try:  # what misses moves to int8 weights with float activations: no byte more than int8
+        outcome = keep_float_to_target(
+            products, sizes, lambda kept: plan.build([], kept), _run, plan.judging, tolerance, kinds,
+            kept_bytes=1, escalated_to=WEIGHT_ONLY,
+        )  # fmt: skip
+    except ParityError:
+        pass
+    else:
+        return _with_asked(outcome, plan.asked, steps, sizes)
+    # Even every activation float misses: the weights' own rounding is the rest. Which weights go to float16 with
+    # every activation float, then which activations go back to int8 with those weights float16.
+    try:
+        float16 = keep_float_to_target(
+            plan.weights, sizes, lambda kept: plan.build(kept, products), _run, plan.judging, tolerance, kinds,
+            kept_bytes=2,
+        )  # fmt: skip
+    except ParityError as err:
+        raise ParityError(
+            f"{err} (static int8 chooses against {STATIC_INT8_CHOICE_SHARE:g} of the cosine error "
+            f"the target {target.min_cosine:g} allows)"
+        ) from err
+    float16.steps = ["every MatMul's activations float (every file with int8 activations missed the target)"]
+    chosen = set(float16.kept_float)
     outcome = keep_float_to_target(
-        static_candidates(smoothed),
-        weight_bytes(smoothed),  # none for an activation product
-        lambda kept: qdq_model(smoothed, ranges, kept),
-        _run,
-        Judging(feeds, masks, expected, sequence_outputs=sequence_outputs),
-        tolerance,
-        weight_kinds(smoothed),
-        asked,
-        kept_bytes=2,
-    )
-    outcome.steps = steps
+        [name for name in products if name not in chosen], sizes, lambda kept: plan.build(float16.kept_float, kept),
+        _run, plan.judging, tolerance, kinds, kept_bytes=1, escalated_to=WEIGHT_ONLY,
+    )  # fmt: skip
+    outcome.before = [float16]
+    outcome.float_bytes = float16.float_bytes
+    return _with_asked(outcome, plan.asked, steps, sizes)
+
+
+def _with_asked(
+    outcome: KeepFloatOutcome, asked: list[str], steps: list[str], sizes: dict[str, int]
+) -> KeepFloatOutcome:
+    """The outcome as the export reports it: what ran before the searches in the first one's note, the nodes
+    --keep-float named (float16 in every file) among the kept."""
+    first = outcome.before[0] if outcome.before else outcome
+    first.steps = [*steps, *first.steps]
+    if asked:  # kept_float holds them first, as keep_float_to_target's does
+        outcome.asked, outcome.kept_float = list(asked), [*asked, *outcome.kept_float]
+        outcome.candidates += len(asked)
+        outcome.float_bytes += sum(sizes.get(name, 0) for name in asked) // 4
     return outcome
 
 

@@ -71,15 +71,15 @@ def repeatable_conversion() -> Iterator[None]:
     cached = einsum_optimizer.CachedEinsum.einsum_cache
     Graph.extract_sub_graph_nodes = in_graph_order
     einsum_optimizer.CachedEinsum.einsum_cache = {}
-    einsum_optimizer.id = _SerialIds()  # type: ignore[attr-defined]
+    einsum_optimizer.id = _SerialIds()
     utils.INTERNAL_NAME = _FIRST_NAME
     try:
         yield
     finally:
         Graph.extract_sub_graph_nodes = unordered
         if had_id:
-            einsum_optimizer.id = own_id  # type: ignore[attr-defined]
+            einsum_optimizer.id = own_id
         else:
-            del einsum_optimizer.id  # type: ignore[attr-defined]
+            del einsum_optimizer.id
         utils.INTERNAL_NAME = max(counter, utils.INTERNAL_NAME)
         einsum_optimizer.CachedEinsum.einsum_cache = cached

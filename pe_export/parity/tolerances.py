@@ -22,11 +22,22 @@ class Tolerance:
     def override(self, atol: float | None = None, rtol: float | None = None) -> Tolerance:
         return replace(self, atol=self.atol if atol is None else atol, rtol=self.rtol if rtol is None else rtol)
 
+    def with_cosine_error(self, share: float) -> Tolerance:
+        """This tolerance with ``share`` of the cosine error it allows (``1 - min_cosine``)."""
+        return replace(self, min_cosine=1.0 - (1.0 - self.min_cosine) * share)
+
 
 FP32_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-4, min_cosine=0.99999)
 FP16_TOLERANCE = Tolerance(atol=5e-2, rtol=5e-2, min_cosine=0.999)
 # int8 is judged mainly by direction: element errors are on the order of the quantization scale.
 INT8_TOLERANCE = Tolerance(atol=0.5, rtol=0.1, min_cosine=0.99)
+
+# Static int8 fits its activation ranges and its weights' rounding to the inputs it chooses on, then chooses what
+# stays int8 by the worst of them: the figure it reaches there is optimistic for inputs it never saw. It chooses
+# against this share of the cosine error the target allows. Measured on all-MiniLM-L6-v2 (48 varied sentences
+# given, 32 held out, target 0.999): choosing against the target itself, three runs met 0.99900-0.99909 where they
+# chose and 0.99847 on the held-out part (refused); choosing against 0.9995, held-out 0.99934.
+STATIC_INT8_CHOICE_SHARE = 0.5
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp32": FP32_TOLERANCE,
