@@ -39,6 +39,15 @@ def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> flo
     return held_out_worst_cosine(run, saved, tokenizer, DATA / "varied_held_out.txt")
 
 
+def float32_file(saved: Path, folder: Path) -> Path:
+    from pe_export.api import export_onnx
+    from pe_export.converters.options import ExportOptions
+
+    path = folder / "fp32.onnx"
+    export_onnx(saved, path, ExportOptions(verify=False, layer_map=False))
+    return path
+
+
 def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -48,13 +57,11 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     once at 0.99858 — the gate's margin there is ~2e-4; benchmarks/real_weights.py measures it.)"""
     import onnx
 
-    from pe_export.api import export_onnx
+    from pe_export.converters.onnx_outliers import is_side_node
     from pe_export.converters.onnx_static_int8 import qdq_counts
-    from pe_export.converters.options import ExportOptions
 
     saved, tokenizer, _ = minilm
-    fp32 = tmp_path / "fp32.onnx"
-    export_onnx(saved, fp32, ExportOptions(verify=False, layer_map=False))
+    fp32 = float32_file(saved, tmp_path)
     output = tmp_path / "int8.onnx"
     given, held_out = DATA / "varied_calibration.txt", DATA / "varied_held_out.txt"
     result = run_cli(
@@ -73,9 +80,47 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     counts = qdq_counts(written)
     kept = KEPT.search(out)
     assert kept is None or int(kept[1]) < int(kept[2]), out
-    # most MatMuls int8 (the outlier channels' float products beside them are MatMuls too: 10 of MiniLM's 60)
-    assert counts["MatMul int8"] >= 0.75 * counts["MatMul"], (counts, out)
+    # most MatMuls int8 (not counting the outlier channels' float products beside them: 11 of MiniLM's 60)
+    side = sum(is_side_node(node.name) for node in written.graph.node if node.op_type == "MatMul")
+    assert counts["MatMul int8"] >= 0.75 * (counts["MatMul"] - side), (counts, out)
     zero_points = [i for i in written.graph.initializer if i.name.endswith("_zero_point")]
     assert zero_points and all(not onnx.numpy_helper.to_array(z).any() for z in zero_points)
     # The same held-out figure measured apart from the gate (one sentence per call, unpadded).
     assert independent_held_out_cosine(output, saved, tokenizer) >= 0.99
+
+
+def test_static_int8_at_0_999_holds_on_sentences_it_never_saw_within_a_third_of_the_bytes(
+    minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25 item 3's bar: >= 0.999 held-out at <= 0.35x the float32 file's bytes. Every weight stays int8 or
+    float16 (no float32 weight): what misses reads its activations float (weight-only int8), and where that is not
+    enough the weights that cost most go float16; GPTQ rounds the int8 ones."""
+    import onnx
+
+    from pe_export.converters.gptq import weight_dequantizers
+    from pe_export.converters.onnx_outliers import is_side_node
+
+    saved, tokenizer, _ = minilm
+    fp32 = float32_file(saved, tmp_path)
+    output = tmp_path / "int8.onnx"
+    given, held_out = DATA / "varied_calibration.txt", DATA / "varied_held_out.txt"
+    result = run_cli(
+        capfd, "onnx", saved, "-o", output, "--quantize", "int8", "--min-cosine", "0.999", "--text", given,
+        "--holdout", held_out, "--tokenizer", tokenizer, "--no-layer-map",
+    )  # fmt: skip
+    assert result.exit_code == 0, (result.stderr, result.stdout[-3000:])
+    out = result.stdout
+    assert "int8 weights rounded by GPTQ" in out and "chosen against cosine >= 0.9995" in out, out
+    assert float(TASK.search(out)[1]) >= 0.999, out
+    assert output.stat().st_size <= 0.35 * fp32.stat().st_size, (output.stat().st_size, fp32.stat().st_size)
+    written = onnx.load(str(output))
+    initializers = {init.name: init for init in written.graph.initializer}
+    int8_weights = set(weight_dequantizers(written))
+    for node in written.graph.node:
+        if node.op_type != "MatMul" or is_side_node(node.name) or node.name in int8_weights:
+            continue
+        weight = initializers.get(node.input[1])
+        # not int8: an attention product (no weight), or a weight stored float16 behind its Cast
+        assert weight is None, (node.name, weight.data_type)
+    assert len(int8_weights) >= 0.5 * 37, len(int8_weights)  # most of MiniLM's 37 weight MatMuls stay int8
+    assert independent_held_out_cosine(output, saved, tokenizer) >= 0.999
