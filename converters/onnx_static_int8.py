@@ -417,7 +417,6 @@ def static_int8_to_target(
         _run, plan.judging, tolerance, kinds, kept_bytes=1, escalated_to=WEIGHT_ONLY,
     )  # fmt: skip
     outcome.before = [float16]
-    outcome.float_bytes = float16.float_bytes
     return _with_asked(outcome, plan.asked, steps, sizes)
 
 
