@@ -1,7 +1,7 @@
 """The same SavedModel exports to the same ONNX file, byte for byte, in every process (converters/tf2onnx_order.py,
-stable_capture_names in pe_export/weights.py). A keras-hub BERT of 2 layers has what made tf2onnx's output change between
-runs: per-layer attention-mask chains that duplicate merging folds into one, and Einsum decompositions (without the
-fixes, three processes wrote three different files)."""
+stable_capture_names in pe_export/weights.py). A keras-hub BERT of 2 layers has what made tf2onnx's output change
+between runs: per-layer attention-mask chains that duplicate merging folds into one, and Einsum decompositions
+(without the fixes, three processes wrote three different files)."""
 
 from __future__ import annotations
 
