@@ -29,12 +29,13 @@ LEVEL = 127  # symmetric int8: values in [-127, 127]
 def hessians(
     outputs: Iterator[dict[str, np.ndarray]], tensors: list[str], masks: list[np.ndarray | None]
 ) -> dict[str, np.ndarray]:
-    """``XᵀX`` of each tensor over the calls in ``outputs`` (one dict of captured tensors per call), float64, from
-    the valid positions of each call (``masks``, one per call: padding is not what the weights will multiply)."""
+    """``XᵀX`` of each tensor over the calls in ``outputs`` (one dict of captured tensors per call), from the valid
+    positions of each call (``masks``, one per call: padding is not what the weights will multiply). float32: every
+    one is held until the rounding (BERT-large: 24 of 4096², 1.6 GB), and the damping dwarfs its rounding."""
     result: dict[str, np.ndarray] = {}
     for captured, mask in zip(outputs, masks, strict=True):
         for name in tensors:
-            rows = np.asarray(captured[name], np.float64)
+            rows = np.asarray(captured[name], np.float32)
             rows = rows.reshape(-1, rows.shape[-1])
             if mask is not None and mask.size == rows.shape[0]:
                 rows = rows[np.asarray(mask, bool).reshape(-1)]

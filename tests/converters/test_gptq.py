@@ -54,7 +54,7 @@ def test_hessians_sum_the_valid_rows_of_every_call() -> None:
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
     found = hessians(iter(calls), ["x"], [mask, None])
     valid = np.concatenate([calls[0]["x"].reshape(-1, 4)[mask.reshape(-1)], calls[1]["x"].reshape(-1, 4)])
-    np.testing.assert_allclose(found["x"], valid.T @ valid, rtol=1e-12)
+    np.testing.assert_allclose(found["x"], valid.T @ valid, rtol=1e-5, atol=1e-5)
 
 
 def test_a_qdq_file_takes_gptq_values_at_its_own_steps_and_computes_closer() -> None:
