@@ -137,18 +137,15 @@ def matmul_gptq(model: Any, feeds: list[dict[str, np.ndarray]], masks: list[np.n
     them), from the activations each multiplies on ``feeds`` (one onnxruntime call each)."""
     from onnx import numpy_helper
 
-    from pe_export.converters.onnx_outliers import is_side_node
-    from pe_export.converters.onnx_quantize import _each_output
+    from pe_export.converters.onnx_quantize import _each_output, quantizable_nodes
     from pe_export.converters.onnx_smooth import _with_outputs
 
     initializers = {init.name: init for init in model.graph.initializer}
+    quantizable = set(quantizable_nodes(model))  # MatMuls by a 2-D weight (and tables), not the side products
     weighted = {
         node.name: (node.input[0], node.input[1])
         for node in model.graph.node
-        if node.op_type == "MatMul"
-        and not is_side_node(node.name)
-        and node.input[1] in initializers
-        and len(initializers[node.input[1]].dims) == 2
+        if node.op_type == "MatMul" and node.name in quantizable
     }
     tensors = sorted({tensor for tensor, _ in weighted.values()})
     found = hessians(_each_output(_with_outputs(model, tensors), feeds, tensors), tensors, masks) if tensors else {}

@@ -45,6 +45,7 @@ from pe_export.converters.keep_float import (
 from pe_export.converters.onnx_outliers import is_side_node
 from pe_export.converters.onnx_quantize import (
     _each_output,
+    _live,
     _run,
     int8_ready,
     quantizable_nodes,
@@ -190,8 +191,8 @@ def qdq_model(
 
 def float_activations(model: Any, nodes: set[str]) -> int:
     """In place: the named MatMuls read their activations as they are, not through a QuantizeLinear →
-    DequantizeLinear pair (a constant's DequantizeLinear, the int8 weight, stays); the pairs no node reads any more
-    are dropped. Returns the inputs changed. What TensorRT runs as weight-only int8 and onnxruntime as a float
+    DequantizeLinear pair (a constant's DequantizeLinear, the int8 weight, stays); nodes no one reads any more are
+    dropped. Returns the inputs changed. What TensorRT runs as weight-only int8 and onnxruntime as a float
     product of the dequantized weight."""
     graph = model.graph
     constants = {init.name for init in graph.initializer}
@@ -208,26 +209,12 @@ def float_activations(model: Any, nodes: set[str]) -> int:
             if quantize is not None and quantize.op_type == "QuantizeLinear":
                 node.input[index] = quantize.input[0]
                 changed += 1
-    if changed:
-        _drop_unread_qdq(graph)
-    return changed
-
-
-def _drop_unread_qdq(graph: Any) -> None:
-    """QuantizeLinear/DequantizeLinear nodes whose output nothing reads, repeatedly; then the initializers no node
-    reads."""
-    while True:
-        read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output}
-        live = [
-            node
-            for node in graph.node
-            if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or any(out in read for out in node.output)
-        ]
-        if len(live) == len(graph.node):
-            break
+    if changed:  # the pairs no node reads any more go
+        live = _live(list(graph.node), {output.name for output in graph.output})
         del graph.node[:]
         graph.node.extend(live)
-    drop_unread_initializers(graph)
+        drop_unread_initializers(graph)
+    return changed
 
 
 def _store_kept_in_float16(model: Any, kept: set[str]) -> None:
