@@ -145,6 +145,9 @@ class Judging:
     expected: Outputs
     rows_alone: bool = False
     sequence_outputs: set[str] | None = None  # those the masks apply to (None: by shape)
+    # units judged by their worst cosine alone, at least this: where the file every candidate escalated makes
+    # already misses the tolerance, a candidate file may not lose more there (converters/tflite_mixed.py)
+    floors: dict[Unit, float] = field(default_factory=dict)
 
     def units(self) -> list[Unit]:
         """What a verdict is scored on, one score each: the feeds, or their rows where rows compute alone."""
@@ -154,6 +157,11 @@ class Judging:
             split = self.rows_alone and all(np.ndim(v) and v.shape[0] == rows for v in want.values())
             units.extend([(index, row) for row in range(rows)] if split else [(index, None)])
         return units
+
+    def score(self, unit: Unit, scored: Score) -> Score:
+        """``scored`` (by the tolerance), or by the unit's floor where it has one."""
+        floor = self.floors.get(unit)
+        return scored if floor is None else (scored[1] >= floor, scored[1])
 
     def single(self, unit: Unit) -> bool:
         return unit[1] is not None or batch_rows(self.feeds[unit[0]]) == 1
@@ -209,8 +217,8 @@ def keep_float_to_target(
     if not candidates:
         raise BadInputError("--keep-float names every int8 weight of this file: nothing would be int8 (name fewer)")
 
-    def score(got: dict, want: dict, mask: np.ndarray | None) -> Score:
-        return feed_score(got, want, mask, tolerance, judging.sequence_outputs)
+    def score(unit: Unit, got: dict, want: dict, mask: np.ndarray | None) -> Score:
+        return judging.score(unit, feed_score(got, want, mask, tolerance, judging.sequence_outputs))
 
     def judge(kept: list[str], probe: list[Unit] | None = None) -> tuple[Any, float, bool, dict[Unit, Score]]:
         """The model with ``kept`` in float, its worst cosine and verdict on every input (or on the probe's
@@ -222,11 +230,11 @@ def keep_float_to_target(
         if probe is not None:
             feeds, masks, expected = judging.of(probe)
             got = run(model, feeds)
-            scores = {u: score(g, w, m) for u, g, m, w in zip(probe, got, masks, expected, strict=True)}
+            scores = {u: score(u, g, w, m) for u, g, m, w in zip(probe, got, masks, expected, strict=True)}
             return model, min(c for _, c in scores.values()), all(ok for ok, _ in scores.values()), scores
         verdicts += 1
         outputs = run(model, judging.feeds)
-        scores = {unit: score(*judging.part(outputs, unit)) for unit in units}
+        scores = {unit: score(unit, *judging.part(outputs, unit)) for unit in units}
         return model, min(c for _, c in scores.values()), all(ok for ok, _ in scores.values()), scores
 
     model, cosine, passed, scores = judge([])
@@ -382,7 +390,9 @@ def with_single_rows(feeds: Feeds, masks: Masks) -> tuple[Feeds, Masks]:
     return all_feeds, all_masks
 
 
-def resolve_asked(requested: tuple[str, ...], candidates: list[str], what: str = "int8 weight") -> list[str]:
+def resolve_asked(
+    requested: tuple[str, ...], candidates: list[str], what: str = "int8 weight", option: str = "--keep-float"
+) -> list[str]:
     """The candidates ``--keep-float`` names: a weight's own name (a TFLite tensor, an ONNX node), or a path of
     whole name segments in it (a Keras layer path, ``transformer_layer_2/feedforward_output_dense``; the ``_1``
     Keras appends to a scope in the traced graph is allowed). A name that matches none is refused with names
@@ -393,7 +403,7 @@ def resolve_asked(requested: tuple[str, ...], candidates: list[str], what: str =
         if not found:
             examples = ", ".join(sorted({short_name(c) for c in candidates})[:6])
             raise BadInputError(
-                f"--keep-float {wanted!r} names no {what} of this file; expected its name or a layer path in one "
+                f"{option} {wanted!r} names no {what} of this file; expected its name or a layer path in one "
                 f"({len(candidates)} of them, e.g. {examples})"
             )
         chosen.extend(c for c in found if c not in chosen)

@@ -46,6 +46,7 @@ class ExportOptions:
     holdout: Path | None = None  # --holdout FILE: held-out samples (as --text or --inputs) that judge int8's choices
     min_cosine: float | None = None  # ask more than the precision's default cosine (verification, int8 target)
     keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float, ONNX float16 nodes float32
+    keep_int16: tuple[str, ...] = ()  # --keep-int16 NAME: TFLite full-integer activations kept int16
     outlier_channels: int | None = None  # ONNX dynamic-int8: channels per MatMul input in float beside int8
     int8_kernel: str | None = None  # ONNX dynamic-int8: "blocks" or "matmulinteger" (constants.ONNX_INT8_KERNELS)
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
@@ -75,6 +76,31 @@ class ExportOptions:
         tolerance = tolerance_for(self.precision)
         return tolerance if self.min_cosine is None else replace(tolerance, min_cosine=self.min_cosine)
 
+    def _validate_keeps(self, file_format: str) -> None:
+        """--keep-float and --keep-int16 apply where a search chooses what they steer."""
+        searching = self.quantize in KEEP_FLOAT_MODES[file_format]
+        if self.keep_float and not searching:
+            raise BadInputError(
+                f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float), TFLite's "
+                f"--quantize int8 (ops left float) and ONNX's --quantize int8 and float16 (the nodes kept float, "
+                f"float32), not --quantize {self.quantize} for {file_format}; "
+                "pass one of those or drop --keep-float"
+            )
+        if self.keep_int16 and (file_format, self.quantize) != ("tflite", "int8"):
+            raise BadInputError(
+                f"--keep-int16 applies to TFLite's --quantize int8 (the activations kept int16), not --quantize "
+                f"{self.quantize} for {file_format}; drop --keep-int16"
+            )
+        if self.keep_int16 and not self.verify:
+            raise BadInputError(
+                "--keep-int16 steers the int8 search, which runs with the verification: drop --no-verify"
+            )
+        # dynamic-int8's search runs with the verification; float16's measures whatever is asked (pe_export/api.py)
+        if self.keep_float and not self.verify and "int8" in self.quantize and searching:
+            raise BadInputError(
+                "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
+            )
+
     def validate(self, file_format: str) -> None:
         self.tables.validate()
         if self.text is not None and self.inputs is not None:
@@ -84,19 +110,7 @@ class ExportOptions:
                 f"--holdout {self.holdout} needs --text or --inputs: it holds out samples of the same form "
                 "(sentences, or arrays by input name) from the choices they judge"
             )
-        searching = self.quantize in KEEP_FLOAT_MODES[file_format]
-        if self.keep_float and not searching:
-            raise BadInputError(
-                f"--keep-float applies to --quantize dynamic-int8 (the weights its search keeps float) and ONNX's "
-                f"--quantize int8 and float16 (the nodes kept float, float32), not --quantize {self.quantize} for "
-                f"{file_format}; "
-                "pass one of those or drop --keep-float"
-            )
-        # dynamic-int8's search runs with the verification; float16's measures whatever is asked (pe_export/api.py)
-        if self.keep_float and not self.verify and "int8" in self.quantize and searching:
-            raise BadInputError(
-                "--keep-float takes weights out of the int8 search, which runs with the verification: drop --no-verify"
-            )
+        self._validate_keeps(file_format)
         if self.outlier_channels is not None and (file_format, self.quantize) not in ONNX_OUTLIER_MODES:
             raise BadInputError(
                 f"--outlier-channels applies to ONNX --quantize dynamic-int8 and int8 (the channels split off the int8 "

@@ -63,7 +63,7 @@ def convert_tflite(
     """
     source = _GraphSource(loaded, frozen, prepared)
     if options.quantize == "int8":
-        return _full_integer(source, options, calibration, quiet, float_out)
+        return _full_integer(source, options, calibration, quiet, float_out, judge, searches)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
         feeds, masks, sequence = judge()
@@ -99,8 +99,12 @@ def _full_integer(
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     quiet: bool,
     float_out: list[bytes] | None,
+    judge: JudgeFeeds | None = None,
+    searches: list[dict[str, Any]] | None = None,
 ) -> tuple[bytes, str, list[str]]:
-    """--quantize int8: the float32 file (every rewrite of a plain export), made full-integer (tflite_integer)."""
+    """--quantize int8: the float32 file (every rewrite of a plain export), made full-integer, its activations
+    int8 or int16 by measured error (tflite_mixed); without judging inputs (--no-verify) every activation int16
+    (tflite_integer)."""
     from pe_export.converters.tflite_integer import full_integer
 
     if calibration is None:
@@ -110,8 +114,23 @@ def _full_integer(
     if float_out is not None:
         float_out.append(float_file)
     names = [spec.name for spec in source.frozen.specs]
-    result = full_integer(float_file, calibration(), names)
-    return result.model, log, [*notes, *result.notes()]
+    if judge is None:
+        result = full_integer(float_file, calibration(), names)
+        return result.model, log, [*notes, *result.notes(), "every activation int16: nothing judged (--no-verify)"]
+    from pe_export.converters.tflite_mixed import mixed_integer, searched_record
+
+    outcome = mixed_integer(
+        float_file,
+        calibration(),
+        names,
+        judge(),
+        options.tolerance,
+        keep_int16=options.keep_int16,
+        keep_float=options.keep_float,
+    )
+    if searches is not None:
+        searches.append(searched_record(outcome))
+    return outcome.file.model, log, [*notes, *outcome.notes()]
 
 
 def _convert_with_rewrites(

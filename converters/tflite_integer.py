@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +59,14 @@ class IntegerFile:
 
     def notes(self) -> list[str]:
         done = ", ".join(f"{count} {what}" for what, count in sorted(self.rewrites.items()))
-        notes = [
-            f"full integer: int{ACTIVATION_BITS} activations, int{WEIGHT_BITS} weights per output channel "
-            f"(ai-edge-quantizer); rewritten for integer kernels: {done or 'nothing'}"
-        ]
         table = Counter[str]()
         for (_, precision), count in self.precisions.items():
             table[precision] += count
+        kinds = [f"int{bits}" for bits in (8, ACTIVATION_BITS) if any(p.startswith(f"int{bits}") for p in table)]
+        notes = [
+            f"full integer: {' and '.join(kinds) or 'no integer'} activations, int{WEIGHT_BITS} weights per output "
+            f"channel (ai-edge-quantizer); rewritten for integer kernels: {done or 'nothing'}"
+        ]
         notes.append("ops by precision: " + ", ".join(f"{p} {c}" for p, c in sorted(table.items())))
         if self.dynamic_inputs:
             notes.append(
@@ -308,15 +310,21 @@ def _mask_fills(graph: _Graph) -> list[tuple[int, int, int]]:
     return found
 
 
-def full_integer(
-    float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: list[str] | None = None
-) -> IntegerFile:
-    """``float_file`` (float32 TFLite) as a full-integer file calibrated on ``feeds``: inputs by the signature's
-    names, or by ``order`` (the names the feeds use, in the signature's input order) where those differ."""
-    try:
-        from ai_edge_quantizer import quantizer
-    except ImportError as err:
-        raise ConversionError(f"--quantize int8 for TFLite needs ai-edge-quantizer: {_QUANTIZER_EXTRA}") from err
+@dataclass
+class Calibrated:
+    """The integer-ready file (the rewrites, the mask fills bounded) and its tensors' calibrated ranges: what
+    every activation precision is quantized from."""
+
+    data: bytes
+    ranges: dict[str, Any]
+    rewrites: Counter[str]
+
+
+def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: list[str] | None = None) -> Calibrated:
+    """``float_file`` (float32 TFLite) rewritten for integer kernels and calibrated on ``feeds``: inputs by the
+    signature's names, or by ``order`` (the names the feeds use, in the signature's input order) where those
+    differ."""
+    quantizer = _quantizer_module()
     prepared = integer_ready(float_file)
     calibrating = quantizer.Quantizer(bytearray(prepared.data))
     calibrating.load_quantization_recipe(_recipe())
@@ -342,13 +350,110 @@ def full_integer(
     for name in prepared.variances:
         if name in ranges:
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM
-    quantizing = quantizer.Quantizer(bytearray(graph.bytes()))
-    quantizing.load_quantization_recipe(_recipe())
+    return Calibrated(graph.bytes(), ranges, prepared.rewrites)
+
+
+def quantize(
+    calibrated: Calibrated,
+    int16: Collection[str] = (),
+    floats: Collection[str] = (),
+    *,
+    default_bits: int = ACTIVATION_BITS,
+) -> bytes:
+    """The calibrated file quantized: activations of ``default_bits``, int16 for the ops ``int16`` names and
+    float for those ``floats`` names (ops by their first output's name, ``activation_ops``); weights int8 per
+    output channel. Its outputs are the integer tensors (``finish`` adds the float32 ends)."""
+    quantizer = _quantizer_module()
+    scopes, outputs = _op_scopes(calibrated.data)
+    recipe = _recipe(default_bits)
+    if int16:
+        int16 = set(int16)
+        if outputs[1] & int16:  # an int16 result is not narrowed to int8 on its way out
+            scopes = {**scopes, outputs[0]: outputs[0]}
+            int16.add(outputs[0])
+        recipe += _recipe(ACTIVATION_BITS, _scope_regex(scopes, int16))
+    if floats:
+        recipe.append({"regex": _scope_regex(scopes, floats), "operation": "*", "algorithm_key": "no_quantize"})
+    quantizing = quantizer.Quantizer(bytearray(calibrated.data))
+    quantizing.load_quantization_recipe(recipe)
     with _quiet():
-        result = quantizing.quantize(ranges)
-    data = _float_outputs(bytes(result.quantized_model))
+        return bytes(quantizing.quantize(calibrated.ranges).quantized_model)
+
+
+def finish(calibrated: Calibrated, model: bytes) -> IntegerFile:
+    """``model`` (``quantize``'s) with float32 outputs, and what it is made of."""
+    data = _float_outputs(model)
     precisions, float_ops = op_precisions(data)
-    return IntegerFile(data, prepared.rewrites, precisions, float_ops, _dynamic_inputs(data))
+    return IntegerFile(data, calibrated.rewrites, precisions, float_ops, _dynamic_inputs(data))
+
+
+def full_integer(
+    float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: list[str] | None = None
+) -> IntegerFile:
+    """``float_file`` as a full-integer file with every activation int16, calibrated on ``feeds``
+    (``calibrate``)."""
+    calibrated = calibrate(float_file, feeds, order)
+    return finish(calibrated, quantize(calibrated))
+
+
+@dataclass(frozen=True)
+class ActivationOp:
+    """An op of the integer-ready file whose output is a float activation: what takes int8 or int16."""
+
+    name: str  # its first output's name: the handle --keep-int16 and the search use
+    code: str  # the builtin op's name
+    shape: tuple[int, ...]
+    elements: int  # its output's values (1 where a dynamic axis hides them)
+
+
+def activation_ops(data: bytes) -> list[ActivationOp]:
+    """The ops of ``data`` (``Calibrated.data``) that write a float activation, in graph order."""
+    graph = _Graph(data)
+    codes = {value: key for key, value in vars(graph.ops).items() if not key.startswith("_")}
+    found = []
+    for op in graph.graph.operators:
+        outputs = [int(o) for o in op.outputs if int(o) >= 0]
+        tensors = [graph.graph.tensors[o] for o in outputs]
+        if not tensors or tensors[0].type != graph.schema.TensorType.FLOAT32:
+            continue
+        shape = tuple(int(d) for d in (tensors[0].shape if tensors[0].shape is not None else ()))
+        signature = tensors[0].shapeSignature
+        dynamic = signature is not None and any(int(d) < 0 for d in signature)
+        elements = 1 if dynamic else int(np.prod(shape)) if shape else 1
+        found.append(ActivationOp(graph.name(outputs[0]), codes.get(graph.code(op), "?"), shape, elements))
+    return found
+
+
+def _op_scopes(data: bytes) -> tuple[dict[str, str], tuple[str, set[str]]]:
+    """Each op's scope as ai-edge-quantizer matches recipes on it (its outputs' names, each followed by ';'),
+    by its first output's name; and the scope of the quantizer's virtual op that reads the graph's outputs (the
+    last requantize), with the ops (by first output name) that write them."""
+    graph = _Graph(data)
+    scopes, writers = {}, {}
+    for op in graph.graph.operators:
+        names = [graph.name(int(o)) for o in op.outputs if int(o) >= 0]
+        names = [name for name in names if name]
+        if names:
+            scopes[names[0]] = "".join(f"{name};" for name in names)
+            writers.update({name: names[0] for name in names})
+    outputs = [graph.name(int(o)) for o in graph.graph.outputs]
+    return scopes, ("".join(f"{name};" for name in outputs), {writers[n] for n in outputs if n in writers})
+
+
+def _scope_regex(scopes: dict[str, str], ops: Collection[str]) -> str:
+    """A regular expression that matches exactly the scopes of ``ops`` (by first output name)."""
+    missing = sorted(set(ops) - set(scopes))
+    if missing:
+        raise ConversionError(f"ops {missing[:3]} are not in the file being quantized: a pe-export bug")
+    return "^(?:" + "|".join(re.escape(scopes[name]) for name in sorted(set(ops))) + ")$"
+
+
+def _quantizer_module() -> Any:
+    try:
+        from ai_edge_quantizer import quantizer
+    except ImportError as err:
+        raise ConversionError(f"--quantize int8 for TFLite needs ai-edge-quantizer: {_QUANTIZER_EXTRA}") from err
+    return quantizer
 
 
 @contextlib.contextmanager
@@ -379,16 +484,17 @@ def _float_outputs(data: bytes) -> bytes:
     return graph.bytes() if renamed else data
 
 
-def _recipe() -> list[dict[str, Any]]:
-    """ai-edge-quantizer's static int16-activation, int8-weight recipe (its default_a16w8), for every op."""
+def _recipe(activation_bits: int = ACTIVATION_BITS, regex: str = ".*") -> list[dict[str, Any]]:
+    """ai-edge-quantizer's static recipe of ``activation_bits`` activations and int8 weights (its default_a16w8 at
+    16), for the ops whose scope ``regex`` matches."""
     return [
         {
-            "regex": ".*",
+            "regex": regex,
             "operation": "*",
             "algorithm_key": "min_max_uniform_quantize",
             "op_config": {
                 "activation_tensor_config": {
-                    "num_bits": ACTIVATION_BITS,
+                    "num_bits": activation_bits,
                     "symmetric": True,
                     "granularity": "TENSORWISE",
                     "dtype": "INT",

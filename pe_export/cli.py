@@ -137,8 +137,15 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 "--keep-float",
                 "keep_float",
                 multiple=True,
-                help="dynamic-int8 and ONNX int8: leave this weight (or node) float (ONNX float16: this node float32); "
-                "its name, or a layer path in names. Repeatable.",
+                help="dynamic-int8 and ONNX int8: leave this weight (or node) float (ONNX float16: this node float32; "
+                "TFLite int8: this op float); its name, or a layer path in names. Repeatable.",
+            ),
+            click.option(
+                "--keep-int16",
+                "keep_int16",
+                multiple=True,
+                help="TFLite int8: keep this op's activations int16 (its output's name, or a layer path in names). "
+                "Repeatable.",
             ),
             click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
             click.option(
@@ -201,6 +208,7 @@ def _export_options(**values: Any) -> Any:
         inputs=values["inputs"],
         holdout=values["holdout"],
         keep_float=tuple(values["keep_float"]),
+        keep_int16=tuple(values["keep_int16"]),
         tables=TableOptions(
             compress=values["compress"],
             method=values["compress_method"],

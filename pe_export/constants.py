@@ -55,7 +55,7 @@ ONNX_INT8_KERNEL = "mixed"
 MAX_OUTLIER_CHANNELS = 64
 # Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
 # model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)
-KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8",), "onnx": ("dynamic-int8", "int8", "float16")}
+KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8", "int8"), "onnx": ("dynamic-int8", "int8", "float16")}
 
 # `pe-export bench` defaults.
 BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128

@@ -98,6 +98,28 @@ def test_fixed_model_length_cannot_be_changed(capfd, saved_model, tmp_path: Path
             lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--quantize", "float16", "--int8-kernel", "blocks"],
             ["--int8-kernel applies to ONNX --quantize dynamic-int8", "drop --int8-kernel"],
         ),
+        (
+            lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--quantize", "int8", "--keep-int16", "x"],
+            ["--keep-int16 applies to TFLite's --quantize int8", "drop --keep-int16"],
+        ),
+        (
+            lambda d, sm: [
+                "tflite",
+                sm,
+                "-o",
+                d / "m.tflite",
+                "--quantize",
+                "int8",
+                "--keep-int16",
+                "x",
+                "--no-verify",
+            ],
+            ["--keep-int16 steers the int8 search", "drop --no-verify"],
+        ),
+        (
+            lambda d, sm: ["tflite", sm, "-o", d / "m.tflite", "--quantize", "float16", "--keep-float", "x"],
+            ["--keep-float applies to", "TFLite's --quantize int8 (ops left float)"],
+        ),
         (lambda d, sm: ["onnx", sm, "-o", d / "m.onnx", "--json", d / "r.txt"], ["--json", "ending in .json"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "m.onnx"], ["expected a file name ending in .tflite"]),
         (lambda d, sm: ["tflite", sm, "-o", d / "nofolder" / "m.tflite"], ["does not exist; create it"]),
@@ -169,3 +191,13 @@ def test_signal_inside_a_c_call_is_an_interruption_not_a_bug(
     result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", "never.tflite")
     assert_one_line_error(result, code, f"interrupted ({said})" if code == 130 else f"terminated ({said})")
     assert _interruption(ValueError("a real bug")) is None
+
+
+def test_keep_int16_that_names_no_activation_is_refused_with_names_that_would(
+    capfd, saved_model, tmp_path: Path
+) -> None:
+    out = tmp_path / "m.tflite"
+    args = ["tflite", saved_model("encoder_dynamic"), "-o", out, "--quantize", "int8", "--batch", "1", "--seq-len", "8"]
+    result = run_cli(capfd, *args, "--keep-int16", "no_such_layer")
+    assert_one_line_error(result, ExitCode.BAD_INPUT, "--keep-int16 'no_such_layer' names no activation", "e.g.")
+    assert no_stray_files(tmp_path) == []
