@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -145,9 +145,12 @@ class Judging:
     expected: Outputs
     rows_alone: bool = False
     sequence_outputs: set[str] | None = None  # those the masks apply to (None: by shape)
-    # units judged by their worst cosine alone, at least this: where the file every candidate escalated makes
-    # already misses the tolerance, a candidate file may not lose more there (converters/tflite_mixed.py)
+    # units whose worst cosine must be at least this instead of the tolerance's (converters/tflite_mixed.py: what the
+    # file with every candidate escalated reaches there, less what the search may spend)
     floors: dict[Unit, float] = field(default_factory=dict)
+    # floored units where the escalated file already puts elements over the tolerance: no element may err more
+    # than this instead
+    max_abs: dict[Unit, float] = field(default_factory=dict)
 
     def units(self) -> list[Unit]:
         """What a verdict is scored on, one score each: the feeds, or their rows where rows compute alone."""
@@ -158,10 +161,17 @@ class Judging:
             units.extend([(index, row) for row in range(rows)] if split else [(index, None)])
         return units
 
-    def score(self, unit: Unit, scored: Score) -> Score:
-        """``scored`` (by the tolerance), or by the unit's floor where it has one."""
+    def score(self, unit: Unit, got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance) -> Score:
+        """(verdict, worst cosine) of ``unit``'s outputs: by ``tolerance``, its cosine the unit's floor where it has
+        one, its elements within ``max_abs`` instead of the tolerance's where that is given."""
         floor = self.floors.get(unit)
-        return scored if floor is None else (scored[1] >= floor, scored[1])
+        if floor is not None:
+            tolerance = replace(tolerance, min_cosine=floor)
+        ok, cosine, worst_abs = feed_metrics(got, want, mask, tolerance, self.sequence_outputs)
+        allowed = self.max_abs.get(unit)
+        if floor is not None and allowed is not None:
+            return cosine >= floor and worst_abs <= allowed, cosine
+        return ok, cosine
 
     def single(self, unit: Unit) -> bool:
         return unit[1] is not None or batch_rows(self.feeds[unit[0]]) == 1
@@ -197,6 +207,7 @@ def keep_float_to_target(
     mode: str = "int8",
     kept_bytes: int = 4,
     escalated_to: str = "",
+    costs_over_escalated: bool = False,
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
@@ -218,7 +229,7 @@ def keep_float_to_target(
         raise BadInputError("--keep-float names every int8 weight of this file: nothing would be int8 (name fewer)")
 
     def score(unit: Unit, got: dict, want: dict, mask: np.ndarray | None) -> Score:
-        return judging.score(unit, feed_score(got, want, mask, tolerance, judging.sequence_outputs))
+        return judging.score(unit, got, want, mask, tolerance)
 
     def judge(kept: list[str], probe: list[Unit] | None = None) -> tuple[Any, float, bool, dict[Unit, Score]]:
         """The model with ``kept`` in float, its worst cosine and verdict on every input (or on the probe's
@@ -259,7 +270,10 @@ def keep_float_to_target(
         return outcome
     singles = [unit for unit in units if judging.single(unit)] or units
     probe = sorted(singles, key=lambda unit: scores[unit])[:PROBE_ROWS]  # failing first, then the lowest cosine
-    outcome.sensitivity = _place_costs(candidates, kinds, lambda kept: judge(kept, probe)[1])
+    # A place's cost is what it loses against the file with every candidate kept: float (1.0), or where that file
+    # is itself lossy (``costs_over_escalated``: full-integer's every-int16 file), that file's cosine on the probe
+    baseline = judge(candidates, probe)[1] if costs_over_escalated else 1.0
+    outcome.sensitivity = _place_costs(candidates, kinds, lambda kept: judge(kept, probe)[1], baseline)
     # Keep float first where it buys the most accuracy per byte: a 47 MB embedding table kept float
     # costs what a dozen feed-forward kernels do.
     ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(sizes.get(n, 1), 1))
@@ -286,14 +300,18 @@ def keep_float_to_target(
 
 
 def _place_costs(
-    candidates: list[str], kinds: dict[str, Hashable], cosine_with_float: Callable[[list[str]], float]
+    candidates: list[str],
+    kinds: dict[str, Hashable],
+    cosine_with_float: Callable[[list[str]], float],
+    baseline: float = 1.0,
 ) -> dict[str, float]:
-    """Each candidate's share of its place's cost: 1 - the worst cosine with that place alone quantized (every
-    other candidate kept), split evenly among the place's weights."""
+    """Each candidate's share of its place's cost: ``baseline`` (the cosine with every candidate kept) less the
+    worst cosine with that place alone quantized (every other candidate kept), split evenly among the place's
+    weights; never below 0."""
     costs = {}
     for place in repeated_places(candidates, kinds):
         alone = cosine_with_float([other for other in candidates if other not in place])
-        costs.update({name: (1.0 - alone) / len(place) for name in place})
+        costs.update({name: max(baseline - alone, 0.0) / len(place) for name in place})
     return costs
 
 
@@ -317,14 +335,23 @@ def feed_score(
     got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None
 ) -> Score:
     """(verdict, worst cosine) of one feed's outputs: the cosine of each output and of its mean-pooled rows."""
-    worst, ok = 1.0, True
+    ok, worst, _ = feed_metrics(got, want, mask, tolerance, sequence)
+    return ok, worst
+
+
+def feed_metrics(
+    got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None
+) -> tuple[bool, float, float]:
+    """``feed_score``'s verdict and worst cosine, and the largest element error of any output."""
+    worst, ok, worst_abs = 1.0, True, 0.0
     for name in want:
         metrics = compare_output(
             name, got[name], want[name], tolerance, mask, None if sequence is None else name in sequence
         )
         pooled = 1.0 if metrics.pooled_cosine is None else metrics.pooled_cosine
         worst, ok = min(worst, metrics.cosine, pooled), ok and metrics.within_tolerance
-    return ok, worst
+        worst_abs = max(worst_abs, metrics.max_abs)
+    return ok, worst, worst_abs
 
 
 def _fewest(low: int, high: int, passes: Callable[[int], bool]) -> int:

@@ -39,6 +39,11 @@ INT8_TOLERANCE = Tolerance(atol=0.5, rtol=0.1, min_cosine=0.99)
 # chose and 0.99847 on the held-out part (refused); choosing against 0.9995, held-out 0.99935. Set after seeing that
 # held-out figure, so 24 sentences written afterwards judge it too (benchmarks/data/varied_fresh.txt): 0.99931.
 STATIC_INT8_CHOICE_SHARE = 0.5
+# Full-integer TFLite chooses int8 activations against the every-int16 file, one sample at a time: int8 must keep this
+# share of int16's margin over the target (converters/tflite_mixed.py). Measured on all-MiniLM-L6-v2 (48 varied
+# sentences chosen on, 32 held out; every activation int16: held-out worst 0.99157): keeping half, the search took 94
+# of 379 activations int8 and the held-out worst fell to 0.98968, refused by the gate.
+INT16_MARGIN_KEPT = 0.8
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "fp32": FP32_TOLERANCE,

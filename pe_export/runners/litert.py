@@ -145,7 +145,7 @@ class _TFLiteRunner(Runner):
             detail = first.get(name)
             if detail is not None:
                 try:
-                    values[name] = _real_value(detail, np.array(self._interpreter.get_tensor(detail["index"])))
+                    values[name] = real_value(detail, np.array(self._interpreter.get_tensor(detail["index"])))
                 except ValueError:  # a tensor the interpreter never allocated (a folded constant's)
                     continue
         return values
@@ -164,7 +164,7 @@ class _TFLiteRunner(Runner):
         self._interpreter = None
 
 
-def _real_value(detail: dict[str, Any], value: np.ndarray) -> np.ndarray:
+def real_value(detail: dict[str, Any], value: np.ndarray) -> np.ndarray:
     """A quantized tensor as the real numbers it stands for, scale · (q − zero point); others as they are."""
     scale, zero_point = detail.get("quantization", (0.0, 0))
     if value.dtype.kind in "iu" and value.dtype.itemsize <= 2 and scale > 0:
