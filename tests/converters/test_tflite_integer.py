@@ -53,7 +53,7 @@ def run(data: bytes, inputs: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
 
 
 def test_the_rewrites_compute_what_the_float_file_computes(float_file: bytes) -> None:
-    from pe_export.converters.tflite_integer import integer_ready
+    from pe_export.converters.tflite_integer_rewrites import integer_ready
 
     prepared = integer_ready(float_file)
     counts = dict(prepared.rewrites)
