@@ -422,8 +422,8 @@ def resolve_asked(
 ) -> list[str]:
     """The candidates ``--keep-float`` names: a weight's own name (a TFLite tensor, an ONNX node), or a path of
     whole name segments in it (a Keras layer path, ``transformer_layer_2/feedforward_output_dense``; the ``_1``
-    Keras appends to a scope in the traced graph is allowed). A name that matches none is refused with names
-    that would."""
+    Keras appends to a scope in the traced graph, and its numbering of a name used before, are allowed). A name
+    that matches none is refused with names that would."""
     chosen: list[str] = []
     for wanted in requested:
         found = [c for c in candidates if c == wanted or _layer_path_in(wanted, c.split("#")[0])]
@@ -438,11 +438,12 @@ def resolve_asked(
 
 
 def _layer_path_in(path: str, name: str) -> bool:
-    """Whether ``path``'s segments appear in a row among ``name``'s, each as it is or with a ``_<n>`` suffix."""
+    """Whether ``path``'s segments appear in a row among ``name``'s, each as it is or with ``_<n>`` suffixes (Keras
+    numbers a second layer of a name in the process, ``softmax_2``, and the SavedModel's trace adds ``_1``)."""
     wanted, parts = [part for part in path.split("/") if part], name.split("/")
 
     def same(want: str, part: str) -> bool:
-        return part == want or re.fullmatch(re.escape(want) + r"_\d+", part) is not None
+        return part == want or re.fullmatch(re.escape(want) + r"(?:_\d+)+", part) is not None
 
     return bool(wanted) and any(
         all(same(w, p) for w, p in zip(wanted, parts[start : start + len(wanted)], strict=True))

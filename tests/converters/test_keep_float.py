@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.keep_float import repeated_places
+from pe_export.converters.keep_float import repeated_places, resolve_asked
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import BadInputError, ExitCode, ParityError
 from tests.fixtures.keras_hub_models import export_random_bert
@@ -214,3 +214,18 @@ def _onnx_float_nodes(path: Path) -> list[str]:
         if n.op_type == "Cast" and types.get(n.input[0]) == onnx.TensorProto.FLOAT16
     }
     return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gather") and set(n.input) & weights]
+
+
+def test_a_layer_path_finds_its_layer_however_keras_numbered_it() -> None:
+    """Keras numbers a layer of a name already used in the process (``softmax_2``) and the SavedModel's trace adds
+    ``_1``: a layer path still names it, and only it."""
+    names = [
+        "bert_backbone_1_1/transformer_layer_0_1/self_attention_layer_1/softmax_2_1/Softmax",
+        "bert_backbone_1_1/transformer_layer_1_1/self_attention_layer_1/softmax_3_1/Softmax",
+        "bert_backbone_1_1/transformer_layer_11_1/self_attention_layer_1/softmax_4_1/Softmax",
+    ]
+    assert resolve_asked(("transformer_layer_0/self_attention_layer/softmax",), names) == names[:1]
+    assert resolve_asked(("transformer_layer_1/self_attention_layer",), names) == names[1:2]
+    assert resolve_asked(("softmax",), names) == names
+    with pytest.raises(BadInputError, match="--keep-float 'transformer_layer_2' names no int8 weight"):
+        resolve_asked(("transformer_layer_2",), names)
