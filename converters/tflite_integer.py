@@ -44,6 +44,7 @@ class IntegerFile:
     precisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (op, precision) → count
     float_ops: list[str] = field(default_factory=list)  # ops left with a float tensor, by output name
     dynamic_inputs: list[str] = field(default_factory=list)  # inputs with a dynamic axis
+    floats_asked: bool = False  # --keep-float left ops float (with a DEQUANTIZE and a QUANTIZE around each)
 
     def notes(self) -> list[str]:
         done = ", ".join(f"{count} {what}" for what, count in sorted(self.rewrites.items()))
@@ -63,7 +64,14 @@ class IntegerFile:
             )
         if self.float_ops:
             notes.append(
-                f"{len(self.float_ops)} op(s) still float (no integer kernel): " + ", ".join(self.float_ops[:8])
+                f"{len(self.float_ops)} op(s) still float ("
+                + (
+                    "no integer kernel, or --keep-float and the conversions around it"
+                    if self.floats_asked
+                    else "no integer kernel"
+                )
+                + "): "
+                + ", ".join(self.float_ops[:8])
             )
         return notes
 
@@ -138,11 +146,11 @@ def quantize(
         return bytes(quantizing.quantize(calibrated.ranges).quantized_model)
 
 
-def finish(calibrated: Calibrated, model: bytes) -> IntegerFile:
+def finish(calibrated: Calibrated, model: bytes, *, floats_asked: bool = False) -> IntegerFile:
     """``model`` (``quantize``'s) with float32 outputs, and what it is made of."""
     data = _float_outputs(model)
     precisions, float_ops = op_precisions(data)
-    return IntegerFile(data, calibrated.rewrites, precisions, float_ops, _dynamic_inputs(data))
+    return IntegerFile(data, calibrated.rewrites, precisions, float_ops, _dynamic_inputs(data), floats_asked)
 
 
 def full_integer(

@@ -143,7 +143,7 @@ def mixed_integer(
             escalated_to="int16",
             costs_over_escalated=True,
         )
-    return MixedOutcome(finish(calibrated, search.model), search, floats, missed)
+    return MixedOutcome(finish(calibrated, search.model, floats_asked=bool(floats)), search, floats, missed)
 
 
 def int16_floors(judging: Judging, int16_outputs: Outputs, tolerance: Tolerance) -> int:

@@ -110,6 +110,7 @@ def test_keep_int16_and_keep_float_name_ops_by_layer_path_or_tensor(float_file: 
     assert any(op.startswith("SOFTMAX") for op in outcome.file.float_ops), outcome.file.float_ops
     notes = " ".join(outcome.notes())
     assert "as --keep-int16 asked" in notes and "float as --keep-float asked" in notes, notes
+    assert "still float (no integer kernel, or --keep-float" in notes, notes
     # still judged: within the target on held-out inputs
     assert worst_pooled_cosine(outcome.file.model, float_file, HELD_OUT) >= INT8_TOLERANCE.min_cosine
 
