@@ -167,7 +167,7 @@ class Judging:
         floor = self.floors.get(unit)
         if floor is not None:
             tolerance = replace(tolerance, min_cosine=floor)
-        ok, cosine, worst_abs = feed_metrics(got, want, mask, tolerance, self.sequence_outputs)
+        ok, cosine, worst_abs, _ = feed_metrics(got, want, mask, tolerance, self.sequence_outputs)
         allowed = self.max_abs.get(unit)
         if floor is not None and allowed is not None:
             return cosine >= floor and worst_abs <= allowed, cosine
@@ -335,23 +335,24 @@ def feed_score(
     got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None
 ) -> Score:
     """(verdict, worst cosine) of one feed's outputs: the cosine of each output and of its mean-pooled rows."""
-    ok, worst, _ = feed_metrics(got, want, mask, tolerance, sequence)
+    ok, worst, _, _ = feed_metrics(got, want, mask, tolerance, sequence)
     return ok, worst
 
 
 def feed_metrics(
     got: dict, want: dict, mask: np.ndarray | None, tolerance: Tolerance, sequence: set[str] | None
-) -> tuple[bool, float, float]:
-    """``feed_score``'s verdict and worst cosine, and the largest element error of any output."""
-    worst, ok, worst_abs = 1.0, True, 0.0
+) -> tuple[bool, float, float, int]:
+    """``feed_score``'s verdict and worst cosine, the largest element error of any output, and how many elements
+    are over the tolerance's atol/rtol."""
+    worst, ok, worst_abs, over = 1.0, True, 0.0, 0
     for name in want:
         metrics = compare_output(
             name, got[name], want[name], tolerance, mask, None if sequence is None else name in sequence
         )
         pooled = 1.0 if metrics.pooled_cosine is None else metrics.pooled_cosine
         worst, ok = min(worst, metrics.cosine, pooled), ok and metrics.within_tolerance
-        worst_abs = max(worst_abs, metrics.max_abs)
-    return ok, worst, worst_abs
+        worst_abs, over = max(worst_abs, metrics.max_abs), over + metrics.violations
+    return ok, worst, worst_abs, over
 
 
 def _fewest(low: int, high: int, passes: Callable[[int], bool]) -> int:

@@ -84,6 +84,10 @@ class Calibrated:
     data: bytes
     ranges: dict[str, Any]
     rewrites: Counter[str]
+    # each op's scope by its first output's name, and the outputs' virtual op's scope with the ops writing them
+    # (``_op_scopes``): parsed once, not per quantized candidate (MiniLM's file is 90 MB)
+    scopes: dict[str, str] = field(default_factory=dict)
+    outputs: tuple[str, set[str]] = ("", set())
 
 
 def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: list[str] | None = None) -> Calibrated:
@@ -116,7 +120,8 @@ def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: 
     for name in prepared.variances:
         if name in ranges:
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM
-    return Calibrated(graph.bytes(), ranges, prepared.rewrites)
+    data = graph.bytes()
+    return Calibrated(data, ranges, prepared.rewrites, *_op_scopes(data))
 
 
 def quantize(
@@ -130,7 +135,7 @@ def quantize(
     float for those ``floats`` names (ops by their first output's name, ``activation_ops``); weights int8 per
     output channel. Its outputs are the integer tensors (``finish`` adds the float32 ends)."""
     quantizer = _quantizer_module()
-    scopes, outputs = _op_scopes(calibrated.data)
+    scopes, outputs = calibrated.scopes, calibrated.outputs
     recipe = _recipe(default_bits)
     if int16:
         int16 = set(int16)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def mixed_integer(
         folder = Path(work)
 
         def run(model: bytes, given: list[dict[str, np.ndarray]]) -> Outputs:
-            return _real_outputs(model, _run(model, given, folder))
+            return _run(model, given, folder)  # a candidate's integer outputs come back as real values
 
         from tensorflow.lite.tools import flatbuffer_utils
 
@@ -154,13 +154,12 @@ def int16_floors(judging: Judging, int16_outputs: Outputs, tolerance: Tolerance)
     target, missed = tolerance.min_cosine, 0
     for unit in judging.units():
         got, want, mask = judging.part(int16_outputs, unit)
-        ok, cosine, worst_abs = feed_metrics(got, want, mask, tolerance, judging.sequence_outputs)
-        within, _, _ = feed_metrics(got, want, mask, replace(tolerance, min_cosine=-1.0), judging.sequence_outputs)
+        ok, cosine, worst_abs, over = feed_metrics(got, want, mask, tolerance, judging.sequence_outputs)
         if cosine >= target:
             judging.floors[unit] = target + (cosine - target) * INT16_MARGIN_KEPT
         else:
             judging.floors[unit] = 1.0 - (1.0 - cosine) * (1.0 + INT8_ERROR_GROWTH)
-        if not within:
+        if over:
             judging.max_abs[unit] = worst_abs * (1.0 + INT8_ERROR_GROWTH)
         missed += not ok
     return missed
@@ -174,14 +173,3 @@ def searched_record(outcome: MixedOutcome) -> dict[str, Any]:
         entry["activation_bytes"] = entry.pop("weight_bytes")
     record["floats"] = list(outcome.floats)
     return record
-
-
-def _real_outputs(model: bytes, outputs: Outputs) -> Outputs:
-    """A candidate's outputs as the real numbers they stand for: its outputs are the integer tensors (``finish``
-    adds the float32 ends to the chosen file only)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from pe_export.runners.litert import real_value
-
-    details = Interpreter(model_content=model).get_signature_runner().get_output_details()
-    return [{name: real_value(details[name], value) for name, value in output.items()} for output in outputs]

@@ -121,7 +121,9 @@ class _TFLiteRunner(Runner):
             if FLEX_MESSAGE_MARKER in str(err) or (UNSUPPORTED_TYPE_MARKER in str(err) and not self.current_kernels):
                 raise self._load_error(err) from err
             raise BadInputError(f"{self.name} rejected the inputs: {message}") from err
-        return {name: np.array(value) for name, value in outputs.items()}
+        # An integer output (a full-integer file's before its last DEQUANTIZE) as the real numbers it stands for
+        details = self._signature_runner.get_output_details()
+        return {name: real_value(details[name], np.array(value)) for name, value in outputs.items()}
 
     def _tap_options(self) -> dict[str, Any]:
         if not self.preserve_tensors:

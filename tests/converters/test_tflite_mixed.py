@@ -169,3 +169,26 @@ def test_each_sample_keeps_half_of_int16s_margin_or_int16s_error() -> None:
     assert judging.score((2, None), turned(0.9495), {"y": direction}, None, strict)[0] is True
     judging.max_abs[(2, None)] = worst * 0.9
     assert judging.score((2, None), turned(0.9495), {"y": direction}, None, strict)[0] is False
+
+
+def test_the_runner_reads_an_integer_output_as_real_values(float_file: bytes, tmp_path) -> None:  # noqa: F811
+    """A candidate's outputs are its integer tensors: LiteRT's signature runner returns them raw, the litert runner
+    as scale · (q − zero point), what the search compares with the float file."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from pe_export.converters.tflite_integer import calibrate, quantize
+    from pe_export.runners import create_runner
+
+    path = tmp_path / "candidate.tflite"
+    path.write_bytes(quantize(calibrate(float_file, CHOICE)))
+    raw_runner = Interpreter(model_path=str(path)).get_signature_runner()
+    detail = raw_runner.get_output_details()["sequence_output"]
+    raw = raw_runner(**HELD_OUT[0])["sequence_output"]
+    assert raw.dtype == np.int16
+    with create_runner("litert", path) as runner:
+        real = runner.infer(HELD_OUT[0])["sequence_output"]
+    scale, zero_point = detail["quantization"]
+    assert real.dtype == np.float32 and np.array_equal(real, (raw.astype(np.float32) - zero_point) * np.float32(scale))
+    assert worst_pooled_cosine(path.read_bytes(), float_file, HELD_OUT[:1]) > 0.99  # and close to the float file's
+    want = run(float_file, HELD_OUT[:1])[0]
+    assert np.abs(real - want).max() < 0.05 * np.abs(want).max()
