@@ -114,6 +114,21 @@ def test_inspect_and_run_without_tensorflow(device_venv: Path, saved_model, expo
     assert "pip install 'pe-export[convert]'" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_int8_kernel_benchmark_runs_without_tensorflow(device_venv: Path) -> None:
+    """benchmarks/int8_kernels.py is the device's own measurement of which ONNX int8 product is fast there."""
+    script = REPO / "benchmarks" / "int8_kernels.py"
+    probe = (
+        "import runpy, sys; sys.argv = ['int8_kernels.py', '--runs', '5', '--tokens', '4']; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__'); "
+        "print('tensorflow imported:', 'tensorflow' in sys.modules)"
+    )
+    ran = _run(device_venv / "bin" / "python", "-c", probe)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "tensorflow imported: False" in ran.stdout
+    rows = [line.split() for line in ran.stdout.splitlines() if " x " in line and line.split()[0].isdigit()]
+    assert {(row[0], row[2]) for row in rows} == {("384", "384"), ("384", "1536"), ("1536", "384")}
+
+
 DEVICE_PLATFORMS = {
     "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux2014_aarch64", "manylinux_2_17_aarch64"],
     "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64"],
