@@ -302,8 +302,8 @@ def int8_to_target(
     # over its own range, so a row's result does not depend on the rows beside it.
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
         folder = Path(work)
-        expected = _run(float_file, feeds, folder)
-        rows_alone = _batch_is_dynamic(edited.float_model)
+        expected = run_candidates(float_file, feeds, folder)
+        rows_alone = batch_is_dynamic(edited.float_model)
         capturing, names = edited.capturing(list(edited.smoothable()))
         smoothing = edited.smooth(_captured(capturing, names, feeds, masks, folder, rows_alone))
         del capturing
@@ -312,7 +312,7 @@ def int8_to_target(
             list(edited.weights),
             sizes,
             edited.build,
-            lambda data, f: _run(data, f, folder),
+            lambda data, f: run_candidates(data, f, folder),
             Judging(feeds, masks, expected, rows_alone, sequence_outputs),
             tolerance,
             {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
@@ -324,7 +324,7 @@ def int8_to_target(
     return outcome
 
 
-def _batch_is_dynamic(model: Any) -> bool:
+def batch_is_dynamic(model: Any) -> bool:
     """Whether every input's batch axis is dynamic: then a row runs alone as it does in its batch."""
     graph = model.subgraphs[0]
     signatures = [graph.tensors[int(i)].shapeSignature for i in graph.inputs]
@@ -347,7 +347,7 @@ def _captured(
     """The tensors ``names`` maps to output names of ``data`` (``DynamicRangeFile.capturing``), as rows
     [n, channels] of valid positions only (padding never sets a range: each row is its own range here), on
     the feeds' rows taken in turn (variety first) until ``CAPTURE_POSITIONS`` valid positions are in; where
-    ``rows_alone`` (the batch axis is dynamic: ``_batch_is_dynamic``) a batch runs a row at a time."""
+    ``rows_alone`` (the batch axis is dynamic: ``batch_is_dynamic``) a batch runs a row at a time."""
     from pe_export.runners import create_runner
 
     path = folder / "capturing.tflite"
@@ -381,7 +381,10 @@ def _valid_rows(tensor: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     return rows
 
 
-def _run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
+def run_candidates(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
+    """Every feed through the TFLite file ``data`` (written to ``folder``) in the runtime that verifies exports:
+    its outputs as real values (the runner dequantizes an integer output), one dict per feed. Shared by the
+    dynamic-int8 and the full-integer searches."""
     from pe_export.runners import create_runner
 
     path = folder / "candidate.tflite"

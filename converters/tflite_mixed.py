@@ -37,7 +37,7 @@ from pe_export.converters.keep_float import (
     resolve_asked,
     short_name,
 )
-from pe_export.converters.tflite_int8 import _batch_is_dynamic, _run
+from pe_export.converters.tflite_int8 import batch_is_dynamic, run_candidates
 from pe_export.converters.tflite_integer import (
     IntegerFile,
     activation_ops,
@@ -121,11 +121,11 @@ def mixed_integer(
         folder = Path(work)
 
         def run(model: bytes, given: list[dict[str, np.ndarray]]) -> Outputs:
-            return _run(model, given, folder)  # a candidate's integer outputs come back as real values
+            return run_candidates(model, given, folder)  # a candidate's integer outputs come back as real values
 
         from tensorflow.lite.tools import flatbuffer_utils
 
-        rows_alone = _batch_is_dynamic(flatbuffer_utils.read_model_from_bytearray(bytearray(float_file)))
+        rows_alone = batch_is_dynamic(flatbuffer_utils.read_model_from_bytearray(bytearray(float_file)))
         judging = Judging(feeds, masks, run(float_file, feeds), rows_alone, sequence)
         missed = int16_floors(judging, run(build(candidates), feeds), tolerance)
         by_name = {op.name: op for op in ops}

@@ -46,9 +46,9 @@ def feeds(seed: int) -> list[dict[str, np.ndarray]]:
 
 
 def run(data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path) -> list[dict[str, np.ndarray]]:
-    from pe_export.converters.tflite_int8 import _run
+    from pe_export.converters.tflite_int8 import run_candidates
 
-    return _run(data, inputs, tmp_path)
+    return run_candidates(data, inputs, tmp_path)
 
 
 def relative_error(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> float:
