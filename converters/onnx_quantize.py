@@ -47,6 +47,14 @@ BLOCKS_NOTE = (
     f"MatMuls as MatMulNBits (int8 weights and activations in blocks of {BLOCK} input channels of each row, integer "
     "products; onnxruntime's com.microsoft op, 1.22 or later)"
 )
+# Said where the mixed search moved a MatMul to blocks: benchmarks/int8_kernels.py, onnxruntime 1.32, one thread,
+# all-MiniLM-L6-v2's weights at 14 tokens: MatMulNBits 1.13x float32's time on x86 with AVX-512 VNNI and AMX
+# (MatMulInteger 0.27x); the same file at 0.999 ran 0.67-0.74x fp32's p50 on an AVX2 host and 1.02-1.05x there
+BLOCKS_SPEED_NOTE = (
+    "8-bit MatMulNBits' speed depends on the CPU (on x86 with AVX-512 VNNI it ran no faster than float32, "
+    "MatMulInteger at a quarter of it): measure the device with benchmarks/int8_kernels.py; --int8-kernel "
+    "matmulinteger keeps every product MatMulInteger and the weights it must float"
+)
 ESCALATED_TO = f"block-wise int8 (MatMulNBits: blocks of {BLOCK} channels; onnxruntime 1.22 or later)"
 QUANTIZED_OPS = ("MatMul", "Gather")  # what quantize_dynamic turns into integer kernels in tf2onnx graphs
 
@@ -131,6 +139,9 @@ def quantize_to_target(
             kernel = "matmulinteger"
             steps.append("block-wise int8 for every weight the search could move missed the target: kept float instead")
         else:
+            ops = {node.name: node.op_type for node in smoothed.graph.node}
+            if any(ops.get(name) == "MatMul" for name in set(outcome.kept_float) - set(asked)):
+                steps.append(BLOCKS_SPEED_NOTE)
             outcome.steps, outcome.float_bytes = steps, _escalated_bytes(outcome, smoothed)
             return outcome
     variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel))

@@ -78,6 +78,7 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
         escalated = found[3] == "block-wise int8"
         assert blocked == (kept_matmuls if escalated else set()) and (blocked or not escalated), blocked
         assert strict.searches[0]["kept_as"].startswith("block-wise" if escalated else "float")
+        assert ("8-bit MatMulNBits' speed depends on the CPU" in note) == bool(blocked), note  # said where it is so
     assert chosen_cosine(strict.notes) >= target and 1 <= kept < candidates and candidates >= 6 * LAYERS
     assert_judged_on_the_held_out_part(strict, target, output)
     # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking on the probe
