@@ -104,7 +104,13 @@ def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: 
     if not samples:
         raise ConversionError("--quantize int8 needs calibration inputs (--text, --inputs or generated ones)")
     with _quiet():  # its progress bars and size summary
-        ranges = calibrating.calibrate({key: samples})
+        # min/max kept by the interpreter as it runs (CALIBRATION_PROFILER_BASED), not by keeping every tensor and
+        # copying it out (the default): the same ranges for every float activation (it leaves out int32 shape
+        # tensors), to float32 rounding; MiniLM at 8x128: 1.0 s and +0.1 GB where the default took 9.7 s and
+        # +2.8 GB; BERT-base's full-integer export peaked at 17.1 GB with the default
+        ranges = calibrating.calibrate(
+            {key: samples}, mode=quantizer.calibrator.CalibrationMode.CALIBRATION_PROFILER_BASED
+        )
     graph = IntegerGraph(prepared.data)
     fills: dict[int, float] = {}  # one fill per constant: the converter shares one -1e9 among the layers' selects
     for constant, scores, _ in prepared.fills:
