@@ -206,7 +206,10 @@ def main() -> None:
         "--float16", action="store_true", help="also --quantize float16 (TFLite: beside the converter's own)"
     )
     parser.add_argument(
-        "--static-int8", action="store_true", help="also --quantize int8 (ONNX: static QDQ, against pe-export's fp32)"
+        "--static-int8",
+        action="store_true",
+        help="also --quantize int8 (TFLite: full integer, beside the bare converter's float32 conversion; ONNX: "
+        "static QDQ, against pe-export's fp32)",
     )
     parser.add_argument("--cap-gb", type=float, default=21.0)
     parser.add_argument(
