@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from pe_export.converters.onnx_block_int8 import block_int8_node, with_microsoft_domain
+from pe_export.converters.onnx_rewrites import folded_by_onnxruntime
 
 KERNELS = ("float32", "matmulinteger", "blocks")
 MINILM_SHAPES = Counter({(384, 384): 25, (384, 1536): 6, (1536, 384): 6})  # q, k, v, output ×6 and the pooler
@@ -35,17 +36,7 @@ NBITS_SLOWER = 0.9  # blocks at this fraction of float32's time or more: the not
 def weight_shapes(model_path: Path) -> Counter[tuple[int, int]]:
     """[K, N] of every MatMul or Gemm by a constant 2-D weight of ``model_path``, with how many there are: after
     onnxruntime's constant folding (tf2onnx leaves some kernels behind a Reshape of a constant)."""
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
-        folded = Path(work) / "folded.onnx"
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = str(folded)
-        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        model = onnx.load(str(folded))
+    model = folded_by_onnxruntime(str(model_path))
     dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
     shapes: Counter[tuple[int, int]] = Counter()
     for node in model.graph.node:

@@ -35,6 +35,7 @@ from pe_export.converters.onnx_outliers import is_side_node
 from pe_export.converters.onnx_rewrites import (
     drop_unread_initializers,
     float16_stored,
+    folded_by_onnxruntime,
     gemms_to_matmuls,
     names_read_by,
 )
@@ -179,17 +180,7 @@ def int8_ready(model: Any) -> tuple[Any, list[str]]:
     """The float model as the quantizer needs it: constants folded by onnxruntime's basic optimizer
     (tf2onnx leaves the attention output kernel behind a Reshape of a constant), then Gemm by a constant
     as MatMul (the dynamic quantizer has integer kernels for MatMul only). Same arithmetic."""
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
-        folded = Path(work) / "folded.onnx"
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.optimized_model_filepath = str(folded)
-        ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
-        prepared = onnx.load(str(folded))
+    prepared = folded_by_onnxruntime(model.SerializeToString())
     count = gemms_to_matmuls(prepared)
     named_apart(prepared.graph)
     return prepared, [f"{count} Gemm node(s) as MatMul, which has integer kernels"] if count else []
