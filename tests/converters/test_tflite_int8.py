@@ -173,3 +173,21 @@ def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
     assert kept and 1 <= int(kept[1]) < total and chosen_cosine(strict.notes) >= target
     assert_judged_on_the_held_out_part(strict, target, tmp_path / "strict.tflite")
     assert default.summary.file_bytes < strict.summary.file_bytes
+
+
+def test_candidates_run_in_parallel_keep_each_feeds_outputs(
+    outlier_files: tuple[bytes, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_candidates splits the feeds among interpreters (one per core): each feed's outputs come back in its
+    place, equal to that feed run alone."""
+    import pe_export.converters.tflite_int8 as tflite_int8
+
+    _, quantized = outlier_files
+    inputs = feeds(11) + feeds(12)[:3]
+    alone = [run(quantized, [feed], tmp_path)[0] for feed in inputs]
+    monkeypatch.setattr(tflite_int8, "RUN_THREADS", 3)  # three interpreters, whatever this machine has
+    together = run(quantized, inputs, tmp_path)
+    assert len(together) == len(inputs) == 7
+    for got, want in zip(together, alone, strict=True):
+        assert want and all(np.array_equal(got[k], want[k]) for k in want)
+    assert not all(np.array_equal(together[0][k], together[1][k]) for k in together[0])  # distinct feeds
