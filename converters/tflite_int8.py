@@ -382,20 +382,22 @@ def _valid_rows(tensor: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     return rows
 
 
-def run_candidates(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
+def run_candidates(
+    data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path, *, per_core: bool = False
+) -> list[dict[str, np.ndarray]]:
     """Every feed through the TFLite file ``data`` (written to ``folder``) in the runtime that verifies exports:
     its outputs as real values (the runner dequantizes an integer output), one dict per feed. Shared by the
-    dynamic-int8 and the full-integer searches."""
+    dynamic-int8 and the full-integer searches. ``per_core``: the feeds split among one interpreter per core,
+    each on its share, for files whose kernels run on one thread whatever num_threads asks (LiteRT's int16
+    ones, most of a full-integer search's candidates: BERT-base's 2-row probe 13.2 s -> 6.6 s on 2 cores; the
+    interpreters map the same file and invoke releases the GIL). Float and hybrid kernels use the threads
+    themselves, and XNNPACK would pack a float file's weights once per interpreter."""
     from pe_export.runners import create_runner
 
     path = folder / "candidate.tflite"
     path.write_bytes(data)
     runtime = _runtime(path)
-    # The feeds split among interpreters, one per core, each on its share of them: LiteRT's int16 kernels (most
-    # of a full-integer search's candidates) run on one thread whatever num_threads asks, and its int8 ones barely
-    # gain from a second at a few rows; one interpreter per core halved BERT-base's 2-row probe (13.2 s -> 6.6 s,
-    # every activation int16, 2 cores). The interpreters map the same file, and invoke releases the GIL.
-    workers = max(1, min(len(feeds), RUN_THREADS))
+    workers = max(1, min(len(feeds), RUN_THREADS)) if per_core else 1
 
     def run_share(share: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         with create_runner(runtime, path, threads=max(1, RUN_THREADS // workers)) as runner:

@@ -45,10 +45,12 @@ def feeds(seed: int) -> list[dict[str, np.ndarray]]:
     return outlier_feeds(seed, width=64)
 
 
-def run(data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path) -> list[dict[str, np.ndarray]]:
+def run(
+    data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path, per_core: bool = False
+) -> list[dict[str, np.ndarray]]:
     from pe_export.converters.tflite_int8 import run_candidates
 
-    return run_candidates(data, inputs, tmp_path)
+    return run_candidates(data, inputs, tmp_path, per_core=per_core)
 
 
 def relative_error(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> float:
@@ -178,15 +180,15 @@ def test_export_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
 def test_candidates_run_in_parallel_keep_each_feeds_outputs(
     outlier_files: tuple[bytes, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """run_candidates splits the feeds among interpreters (one per core): each feed's outputs come back in its
-    place, equal to that feed run alone."""
+    """run_candidates(per_core=True) splits the feeds among interpreters (one per core): each feed's outputs come
+    back in its place, equal to that feed run alone."""
     import pe_export.converters.tflite_int8 as tflite_int8
 
     _, quantized = outlier_files
     inputs = feeds(11) + feeds(12)[:3]
     alone = [run(quantized, [feed], tmp_path)[0] for feed in inputs]
     monkeypatch.setattr(tflite_int8, "RUN_THREADS", 3)  # three interpreters, whatever this machine has
-    together = run(quantized, inputs, tmp_path)
+    together = run(quantized, inputs, tmp_path, per_core=True)
     assert len(together) == len(inputs) == 7
     for got, want in zip(together, alone, strict=True):
         assert want and all(np.array_equal(got[k], want[k]) for k in want)
