@@ -140,10 +140,9 @@ def quantize_to_target(
             kernel = "matmulinteger"
             steps.append("block-wise int8 for every weight the search could move missed the target: kept float instead")
         else:
-            ops = {node.name: node.op_type for node in smoothed.graph.node}
-            if any(ops.get(name) == "MatMul" for name in set(outcome.kept_float) - set(asked)):
+            if any(kinds[name][0] == "MatMul" for name in set(outcome.kept_float) - set(asked)):
                 steps.append(BLOCKS_SPEED_NOTE)
-            outcome.steps, outcome.float_bytes = steps, _escalated_bytes(outcome, smoothed)
+            outcome.steps, outcome.float_bytes = steps, _escalated_bytes(outcome, kinds)
             return outcome
     variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel))
     if kernel == "blocks":
@@ -163,10 +162,10 @@ def quantize_to_target(
     return outcome
 
 
-def _escalated_bytes(outcome: KeepFloatOutcome, model: Any) -> int:
+def _escalated_bytes(outcome: KeepFloatOutcome, kinds: dict[str, tuple[str, tuple[int, ...]]]) -> int:
     """What the weights the mixed search kept cost over int8: a MatMul's block scales (float32, one per ``BLOCK``
-    values), a table's float16 values (2 B against int8's 1)."""
-    ops = {node.name: node.op_type for node in model.graph.node}
+    values), a table's float16 values (2 B against int8's 1); ``kinds``: ``weight_kinds``' op of each node."""
+    ops = {name: op for name, (op, _) in kinds.items()}
     values = {name: size // 4 for name, size in outcome.weight_bytes.items()}
     return sum(
         values.get(name, 0) * 4 // BLOCK
