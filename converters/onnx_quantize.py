@@ -165,11 +165,10 @@ def quantize_to_target(
 def _escalated_bytes(outcome: KeepFloatOutcome, kinds: dict[str, tuple[str, tuple[int, ...]]]) -> int:
     """What the weights the mixed search kept cost over int8: a MatMul's block scales (float32, one per ``BLOCK``
     values), a table's float16 values (2 B against int8's 1); ``kinds``: ``weight_kinds``' op of each node."""
-    ops = {name: op for name, (op, _) in kinds.items()}
     values = {name: size // 4 for name, size in outcome.weight_bytes.items()}
     return sum(
         values.get(name, 0) * 4 // BLOCK
-        if ops.get(name) == "MatMul" and name not in outcome.asked
+        if kinds[name][0] == "MatMul" and name not in outcome.asked
         else values.get(name, 0)
         for name in outcome.kept_float
     )

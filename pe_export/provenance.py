@@ -68,8 +68,10 @@ def pack_tflite(model: Any, size: int) -> bytes:
     import numpy as np
 
     for buffer in model.buffers:
-        if buffer.data is not None and type(buffer.data) is not np.ndarray:
-            buffer.data = np.frombuffer(bytes(buffer.data), np.uint8)
+        if isinstance(buffer.data, bytes | bytearray):  # a view, not a copy of the data
+            buffer.data = np.frombuffer(buffer.data, np.uint8)
+        elif buffer.data is not None and type(buffer.data) is not np.ndarray:  # a list of ints (metadata entries)
+            buffer.data = np.asarray(buffer.data, np.uint8)
     builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
