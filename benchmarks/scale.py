@@ -18,6 +18,7 @@ pe-export's own fp32 export of the same model and format (the int8 rows: dynamic
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -75,13 +76,19 @@ class Measured:
 
 
 def measure(command: list[str], cap_bytes: int) -> Measured:
-    """Run ``command``; its wall time and the peak RSS summed over its process tree."""
+    """Run ``command``; its wall time and the peak RSS summed over its process tree: sampled, and at least the
+    kernel's high-water mark of its largest process (a peak shorter than a sample is not missed)."""
     import psutil
 
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root, peak, killed = psutil.Process(process.pid), 0, False
-    while process.poll() is None:
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:  # reaped here, so that its rusage (the largest resident set of it and its children) is read
+            process.returncode = os.waitstatus_to_exitcode(status)
+            peak = max(peak, usage.ru_maxrss * 1024)  # kB on Linux
+            break
         total = 0
         try:
             for member in [root, *root.children(recursive=True)]:

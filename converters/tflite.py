@@ -24,6 +24,7 @@ from pe_export.converters.options import ExportOptions
 from pe_export.errors import ConversionError, NeedsFlexError
 from pe_export.graphdef import concrete_from_graph_def
 from pe_export.inspection.tflite_file import summarize_tflite_bytes
+from pe_export.memory import release_freed_memory
 from pe_export.native import capture_native_output, import_tensorflow
 from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
 from pe_export.specs import TensorSpec
@@ -42,7 +43,7 @@ def convert_tflite(
     quiet: bool = True,
     prepared: PreparedGraph | None = None,
     judge: JudgeFeeds | None = None,
-    preconverted: tuple[bytes, str, bytes | None] | None = None,
+    preconverted: tuple[bytes | None, str, bytes | None] | None = None,
     float_out: list[bytes] | None = None,
     searches: list[dict[str, Any]] | None = None,
 ) -> tuple[bytes, str, list[str]]:
@@ -50,7 +51,7 @@ def convert_tflite(
 
     ``preconverted`` is (flatbuffer, log, float32 flatbuffer or None) of the plain SavedModel conversion already
     made (converters/tflite_child.py): it stands for the first conversion where that is the SavedModel as it
-    is, and its float32 file for dynamic-int8's.
+    is, and its float32 file for dynamic-int8's and full int8's (which has no flatbuffer of its own there).
 
     ``prepared`` is a rewritten graph (position tables rebuilt at run time) to convert instead.
     Where the converter needs a Flex op that builtins can do (FlexStridedSlice for axis-inserting
@@ -63,7 +64,8 @@ def convert_tflite(
     """
     source = _GraphSource(loaded, frozen, prepared)
     if options.quantize == "int8":
-        return _full_integer(source, options, calibration, quiet, float_out, judge, searches)
+        child_float = None if preconverted is None or preconverted[2] is None else (preconverted[2], preconverted[1])
+        return _full_integer(source, options, calibration, quiet, float_out, judge, searches, child_float)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
         feeds, masks, sequence = judge()
@@ -101,16 +103,20 @@ def _full_integer(
     float_out: list[bytes] | None,
     judge: JudgeFeeds | None = None,
     searches: list[dict[str, Any]] | None = None,
+    child_float: tuple[bytes, str] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """--quantize int8: the float32 file (every rewrite of a plain export), made full-integer, its activations
     int8 or int16 by measured error (tflite_mixed); without judging inputs (--no-verify) every activation int16
-    (tflite_integer)."""
+    (tflite_integer). ``child_float``: (file, log) of the child's float32 conversion, used where the plain export
+    is the SavedModel as it is."""
     from pe_export.converters.tflite_integer import full_integer
 
     if calibration is None:
         raise ValueError("int8 quantization needs calibration inputs")
     plain = replace(options, quantize="none")
-    float_file, log, notes, _ = _convert_with_rewrites(source, plain, None, quiet, for_gpu=False)
+    preconverted = None if child_float is None else (child_float[0], child_float[1], None)
+    float_file, log, notes, _ = _convert_with_rewrites(source, plain, None, quiet, preconverted, for_gpu=False)
+    release_freed_memory()  # the converter's freed buffers, before calibration's copies of the model
     if float_out is not None:
         float_out.append(float_file)
     names = [spec.name for spec in source.frozen.specs]
@@ -138,7 +144,7 @@ def _convert_with_rewrites(
     options: ExportOptions,
     calibration: Callable[[], Iterator[dict[str, np.ndarray]]] | None,
     quiet: bool,
-    preconverted: tuple[bytes, str, bytes | None] | None = None,
+    preconverted: tuple[bytes | None, str, bytes | None] | None = None,
     *,
     for_gpu: bool = True,
 ) -> tuple[bytes, str, list[str], Any | None]:
@@ -150,8 +156,8 @@ def _convert_with_rewrites(
     fixed = for_gpu and all(None not in spec.shape for spec in source.frozen.specs)
     fast, fast_notes = _speed_rewrites(source.graph()[0], source.rebuilt_prefix_tables, fixed)
     try:
-        if preconverted is not None and fast is None and source.converts_saved_model:
-            data, log, _ = preconverted
+        if preconverted is not None and preconverted[0] is not None and fast is None and source.converts_saved_model:
+            data, log = preconverted[0], preconverted[1]
         else:
             data, log = convert(allow_flex=not options.builtins_only, graph=fast)
         first_error: ConversionError | None = None

@@ -23,17 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Modes whose files are the converter's SavedModel conversions: dynamic-int8's search edits the converter's
-# dynamic-range file with the float32 file of the same graph beside it, both converted here (full int8 calibrates
-# on the loaded model's inputs, in-process).
-QUANTIZE_MODES = ("none", "float16", "dynamic-int8")
+# dynamic-range file with the float32 file of the same graph beside it, both converted here; full int8 is
+# calibrated and quantized from the float32 file in the exporting process (converters/tflite_integer.py), so the
+# child converts that file only (BERT-large: the export's peak 14.9 -> 11 GB, the converter no longer beside the
+# loaded model).
+QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
+FLOAT_ONLY_MODES = ("int8",)
 
 
 @dataclass(frozen=True)
 class ChildConversion:
-    data: bytes  # the flatbuffer, metadata already embedded
+    data: bytes | None  # the flatbuffer, metadata already embedded (None: FLOAT_ONLY_MODES)
     signature: str  # the signature it converted (resolved as LoadedSavedModel.resolve_signature_name does)
     log: str
-    float_data: bytes | None = None  # dynamic-int8 with the float file asked for: the float32 conversion
+    float_data: bytes | None = None  # the float32 conversion: dynamic-int8's with the float file asked for, int8's
 
 
 def convert_in_child(
@@ -85,13 +88,14 @@ def convert_in_child(
                 child.kill()
                 child.wait()
                 raise
-        if returncode != 0 or not output.is_file():
+        float_file = output.with_name("float.tflite")
+        if returncode != 0 or not (float_file if quantize in FLOAT_ONLY_MODES else output).is_file():
             return None
         answer = json.loads((Path(scratch) / "answer.json").read_text())
-        float_file = output.with_name("float.tflite")
         float_data = float_file.read_bytes() if float_file.is_file() else None
         text = log.read_text(errors="replace")
-        return ChildConversion(output.read_bytes(), str(answer["signature"]), text, float_data)
+        data = output.read_bytes() if output.is_file() else None
+        return ChildConversion(data, str(answer["signature"]), text, float_data)
 
 
 def _signature_key(saved_model: Path, asked: str | None) -> str:
@@ -127,13 +131,17 @@ def _main(request_path: Path) -> None:
     key = _signature_key(saved_model, request["signature"])
     tf = import_tensorflow()
     output = Path(request["output"])
-    modes = [request["quantize"]] + (["none"] if request.get("with_float") and request["quantize"] != "none" else [])
+    asked = request["quantize"]
+    if asked in FLOAT_ONLY_MODES:
+        modes = ["none"]
+    else:
+        modes = [asked] + (["none"] if request.get("with_float") and asked != "none" else [])
     for mode in modes:
         converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[key])
         configure_converter(converter, mode, allow_flex=request["allow_flex"])
         data = converter.convert()
         del converter
-        if mode != request["quantize"]:
+        if mode != asked:
             output.with_name("float.tflite").write_bytes(data)
             continue
         provenance = provenance_entries(_digest(Path(request["digest_file"]), parent), request["precision"], key)

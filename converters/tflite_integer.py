@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
@@ -24,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.tflite_integer_rewrites import IntegerGraph, integer_ready
+from pe_export.converters.tflite_integer_rewrites import IntegerGraph, integer_ready, set_constants_in_place
 from pe_export.errors import ConversionError
+from pe_export.memory import release_freed_memory
 from pe_export.native import capture_native_output
 
 ACTIVATION_BITS = 16
@@ -96,37 +98,46 @@ def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: 
     differ."""
     quantizer = _quantizer_module()
     prepared = integer_ready(float_file)
-    calibrating = quantizer.Quantizer(bytearray(prepared.data))
-    calibrating.load_quantization_recipe(_recipe())
     key = _signature_key(prepared.data)
     inputs = _input_names(prepared.data)
     samples = [_by_signature(feed, inputs, order) for feed in feeds]
     if not samples:
         raise ConversionError("--quantize int8 needs calibration inputs (--text, --inputs or generated ones)")
-    with _quiet():  # its progress bars and size summary
+    recipes = quantizer.recipe_manager.RecipeManager()
+    recipes.load_quantization_recipe(_recipe())
+    # The quantizer's calibrator itself, given the file's bytes: Quantizer.calibrate hands it a memoryview of a
+    # bytearray copy, and its interpreter copies that once more (bytes of bytes is the same object); two copies of
+    # the model fewer at calibration's peak (BERT-large: 2.7 GB)
+    profiler = quantizer.calibrator.CalibrationMode.CALIBRATION_PROFILER_BASED
+    calibrating = quantizer.calibrator.Calibrator(prepared.data, num_threads=os.cpu_count() or 1, mode=profiler)
+    with _quiet():  # its progress bars
         # min/max kept by the interpreter as it runs (CALIBRATION_PROFILER_BASED), not by keeping every tensor and
         # copying it out (the default): the same ranges for every float activation (it leaves out int32 shape
         # tensors), to float32 rounding; MiniLM at 8x128: 1.0 s and +0.1 GB where the default took 9.7 s and
         # +2.8 GB; BERT-base's full-integer export peaked at 17.1 GB with the default
-        ranges = calibrating.calibrate(
-            {key: samples}, mode=quantizer.calibrator.CalibrationMode.CALIBRATION_PROFILER_BASED
+        calibrating.calibrate({key: samples}, recipes)
+    ranges = calibrating.get_model_qsvs()
+    del calibrating  # its interpreter and XNNPACK's packed weights
+    empty = sorted(name for name, bounds in ranges.items() if not bounds)
+    if empty:
+        raise ConversionError(
+            f"calibration left {len(empty)} tensor(s) without a range ({', '.join(empty[:3])}): the calibration "
+            "inputs never reached them; give inputs that run the whole signature (--text, --inputs)"
         )
-    graph = IntegerGraph(prepared.data)
     fills: dict[int, float] = {}  # one fill per constant: the converter shares one -1e9 among the layers' selects
     for constant, scores, _ in prepared.fills:
         bounds = ranges[prepared.names[scores]]
         peak = float(max(np.abs(np.asarray(bounds["min"])).max(), np.abs(np.asarray(bounds["max"])).max()))
         fills[constant] = min(fills.get(constant, 0.0), -(peak + MASK_FILL_MARGIN))
     for constant, _, output in prepared.fills:
-        values = graph.constant(constant)
-        assert values is not None
-        graph.set_constant(constant, np.full_like(values, fills[constant]))
         selected = ranges[prepared.names[output]]
         selected["min"] = np.full_like(np.asarray(selected["min"]), fills[constant])
     for name in prepared.variances:
         if name in ranges:
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM
-    data = graph.bytes()
+    data = set_constants_in_place(prepared.data, fills)
+    del prepared.data
+    release_freed_memory()
     return Calibrated(data, ranges, prepared.rewrites, *_op_scopes(data))
 
 
@@ -151,7 +162,10 @@ def quantize(
         recipe += _recipe(ACTIVATION_BITS, _scope_regex(scopes, int16))
     if floats:
         recipe.append({"regex": _scope_regex(scopes, floats), "operation": "*", "algorithm_key": "no_quantize"})
-    quantizing = quantizer.Quantizer(bytearray(calibrated.data))
+    quantizing = quantizer.Quantizer(calibrated.data)  # bytes: read in place (it never writes them), not copied
+    # calibrate() checked the ranges (none empty, ai-edge-quantizer's own check); that check builds an interpreter
+    # of the float model on every call, a copy of it and XNNPACK's packing (BERT-large: 2.7 GB, 2 s a candidate)
+    quantizing._ensure_model_qsv_sufficient = lambda _ranges: None
     quantizing.load_quantization_recipe(recipe)
     with _quiet():
         return bytes(quantizing.quantize(calibrated.ranges).quantized_model)
@@ -204,17 +218,24 @@ def activation_ops(data: bytes) -> list[ActivationOp]:
 def _op_scopes(data: bytes) -> tuple[dict[str, str], tuple[str, set[str]]]:
     """Each op's scope as ai-edge-quantizer matches recipes on it (its outputs' names, each followed by ';'),
     by its first output's name; and the scope of the quantizer's virtual op that reads the graph's outputs (the
-    last requantize), with the ops (by first output name) that write them."""
-    graph = IntegerGraph(data)
+    last requantize), with the ops (by first output name) that write them. Read in place (no copy of the file)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    graph = schema.Model.GetRootAs(data, 0).Subgraphs(0)
+
+    def name(index: int) -> str:
+        return graph.Tensors(index).Name().decode()
+
     scopes, writers = {}, {}
-    for op in graph.graph.operators:
-        names = [graph.name(int(o)) for o in op.outputs if int(o) >= 0]
-        names = [name for name in names if name]
+    for position in range(graph.OperatorsLength()):
+        op = graph.Operators(position)
+        names = [name(op.Outputs(j)) for j in range(op.OutputsLength()) if op.Outputs(j) >= 0]
+        names = [found for found in names if found]
         if names:
-            scopes[names[0]] = "".join(f"{name};" for name in names)
-            writers.update({name: names[0] for name in names})
-    outputs = [graph.name(int(o)) for o in graph.graph.outputs]
-    return scopes, ("".join(f"{name};" for name in outputs), {writers[n] for n in outputs if n in writers})
+            scopes[names[0]] = "".join(f"{found};" for found in names)
+            writers.update({found: names[0] for found in names})
+    outputs = [name(graph.Outputs(j)) for j in range(graph.OutputsLength())]
+    return scopes, ("".join(f"{found};" for found in outputs), {writers[n] for n in outputs if n in writers})
 
 
 def _scope_regex(scopes: dict[str, str], ops: Collection[str]) -> str:
@@ -292,9 +313,13 @@ def _recipe(activation_bits: int = ACTIVATION_BITS, regex: str = ".*") -> list[d
 
 
 def _interpreter(data: bytes) -> Any:
-    from ai_edge_litert.interpreter import Interpreter  # ai-edge-quantizer's own runtime, installed with it
+    """An interpreter to read ``data``'s signatures, tensors and ops from, never run: without XNNPACK, which
+    would pack a float file's weights (a copy of them) and stand in for the ops it takes."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType  # ai-edge-quantizer's own runtime
 
-    return Interpreter(model_content=data)
+    return Interpreter(
+        model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
 
 
 def _signature_key(data: bytes) -> str:

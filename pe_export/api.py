@@ -342,7 +342,7 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
         allow_flex,
         lambda: source.digest,
         options.precision,
-        with_float=options.quantize == "dynamic-int8" and options.verify,
+        with_float=options.quantize == "dynamic-int8" and options.verify,  # int8: the float32 file only, always
     )
 
 

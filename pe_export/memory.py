@@ -10,6 +10,9 @@ Dynamic int8 converts a float file beside the int8 one.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,3 +151,17 @@ def check_before_work(
         check_onnx_size(weights, quantize)
     if not force:
         check_fits(weights, file_format, quantize)
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim; nothing elsewhere). The converter's
+    buffers, freed, stay in the process's heap: after BERT-large's float32 conversion the process held 9.8 GB, and
+    the full-integer search that follows adds its own copies of the model on top."""
+    if not sys.platform.startswith("linux"):
+        return
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return
+    trim(0)

@@ -74,7 +74,7 @@ def pack_tflite(model: Any, size: int) -> bytes:
             buffer.data = np.asarray(buffer.data, np.uint8)
     builder = flatbuffers.Builder(size + (1 << 20))
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return bytes(memoryview(builder.Bytes)[builder.Head() :])  # one copy: Output() is a copy of its own
 
 
 def embed_onnx_metadata(model: Any, entries: dict[str, str]) -> None:

@@ -1,8 +1,10 @@
 """A machine too small for an export gets one line and exit 2 before any freezing or conversion, unless --force
-(pe_export/memory.py). The machine's memory is the one thing faked here: the estimate and the CLI path are real."""
+(pe_export/memory.py). The machine's memory is the one thing faked here: the estimate and the CLI path are real;
+and what a conversion frees goes back to the system before the next step."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,27 @@ def test_onnx_past_two_gib_refuses_only_the_searches() -> None:
         check_onnx_size(10**9, quantize)
         with pytest.raises(BadInputError, match=f"--quantize {quantize} for ONNX.*weight-int8 or weight-float16"):
             check_onnx_size(2_240_000_000, quantize)
+
+
+def _resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_freed_heap_goes_back_to_the_system() -> None:
+    """What a converter frees stays in a glibc heap until malloc_trim: 256 MB of 4 kB blocks, freed under a block
+    still in use (so that free() cannot shrink the heap from its top), go back to the system when asked."""
+    import ctypes.util
+
+    from pe_export.memory import release_freed_memory
+
+    if not Path("/proc/self/statm").exists() or "libc" not in (ctypes.util.find_library("c") or ""):
+        pytest.skip("glibc on Linux only: elsewhere release_freed_memory does nothing")
+    blocks = [bytearray(4096) for _ in range(65_536)]
+    kept = bytearray(4096)  # above the blocks in the heap
+    before = _resident_bytes()
+    del blocks
+    freed = _resident_bytes()
+    release_freed_memory()
+    after = _resident_bytes()
+    assert kept is not None
+    assert freed - after >= 0.75 * 256 * 2**20, (before, freed, after)

@@ -97,6 +97,42 @@ def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: byte
         assert 0.99 <= cosine < 1 - 1e-9, cosine  # close, and really not the float file
 
 
+def test_calibration_bounds_the_mask_fills_in_place_and_changes_nothing_else(float_file: bytes) -> None:
+    """The fills written into the file's bytes where they lie: each one below the largest score calibration saw
+    by the margin, every other buffer and the graph byte for byte the integer-ready file's."""
+    from pe_export.converters.tflite_integer import MASK_FILL_MARGIN, calibrate
+    from pe_export.converters.tflite_integer_rewrites import IntegerGraph, integer_ready
+
+    prepared = integer_ready(float_file)
+    calibrated = calibrate(float_file, feeds(0, 4))
+    before, after = IntegerGraph(prepared.data), IntegerGraph(calibrated.data)
+    fills = {constant for constant, _, _ in prepared.fills}
+    assert len(calibrated.data) == len(prepared.data) and fills
+    for constant, scores, _ in prepared.fills:
+        bounds = calibrated.ranges[prepared.names[scores]]
+        peak = max(abs(float(np.min(bounds["min"]))), abs(float(np.max(bounds["max"]))))
+        values = after.constant(constant)
+        assert values is not None and np.all(values == values[0]), values
+        converter_fill = before.constant(constant)
+        assert converter_fill is not None and converter_fill[0] < values[0] <= -(peak + MASK_FILL_MARGIN)
+    buffers = {int(t.buffer) for i, t in enumerate(after.graph.tensors) if i in fills}
+    for index, (old, new) in enumerate(zip(before.model.buffers, after.model.buffers, strict=True)):
+        if index not in buffers:
+            assert (old.data is None) == (new.data is None) and (old.data is None or np.array_equal(old.data, new.data))
+    changed = np.flatnonzero(np.frombuffer(prepared.data, np.uint8) != np.frombuffer(calibrated.data, np.uint8))
+    assert changed.size and changed.size <= 4 * sum(after.constant(c).size for c in fills)  # the fills' bytes only
+
+
+def test_only_float_constants_are_filled_in_place(float_file: bytes) -> None:
+    from pe_export.converters.tflite_integer_rewrites import IntegerGraph, set_constants_in_place
+    from pe_export.errors import ConversionError
+
+    graph = IntegerGraph(float_file)
+    activation = int(graph.graph.operators[0].outputs[0])  # no data in the file
+    with pytest.raises(ConversionError, match="not a float32 constant"):
+        set_constants_in_place(float_file, {activation: 0.0})
+
+
 def test_without_calibration_inputs_it_says_so(float_file: bytes) -> None:
     from pe_export.converters.tflite_integer import full_integer
     from pe_export.errors import ConversionError
