@@ -87,7 +87,8 @@ def measure(command: list[str], cap_bytes: int) -> Measured:
         pid, status, usage = os.wait4(process.pid, os.WNOHANG)
         if pid:  # reaped here, so that its rusage (the largest resident set of it and its children) is read
             process.returncode = os.waitstatus_to_exitcode(status)
-            peak = max(peak, usage.ru_maxrss * 1024)  # kB on Linux
+            # kB on Linux; it starts from this small process's own at the fork (carried across exec)
+            peak = max(peak, usage.ru_maxrss * 1024)
             break
         total = 0
         try:

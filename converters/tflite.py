@@ -64,8 +64,7 @@ def convert_tflite(
     """
     source = _GraphSource(loaded, frozen, prepared)
     if options.quantize == "int8":
-        child_float = None if preconverted is None or preconverted[2] is None else (preconverted[2], preconverted[1])
-        return _full_integer(source, options, calibration, quiet, float_out, judge, searches, child_float)
+        return _full_integer(source, options, calibration, quiet, float_out, judge, searches, preconverted)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
     if options.quantize == "dynamic-int8" and judge is not None:
         feeds, masks, sequence = judge()
@@ -103,19 +102,19 @@ def _full_integer(
     float_out: list[bytes] | None,
     judge: JudgeFeeds | None = None,
     searches: list[dict[str, Any]] | None = None,
-    child_float: tuple[bytes, str] | None = None,
+    preconverted: tuple[bytes | None, str, bytes | None] | None = None,
 ) -> tuple[bytes, str, list[str]]:
     """--quantize int8: the float32 file (every rewrite of a plain export), made full-integer, its activations
     int8 or int16 by measured error (tflite_mixed); without judging inputs (--no-verify) every activation int16
-    (tflite_integer). ``child_float``: (file, log) of the child's float32 conversion, used where the plain export
-    is the SavedModel as it is."""
+    (tflite_integer). ``preconverted``'s float32 file (the child's) stands for the plain conversion where that is
+    the SavedModel as it is."""
     from pe_export.converters.tflite_integer import full_integer
 
     if calibration is None:
         raise ValueError("int8 quantization needs calibration inputs")
     plain = replace(options, quantize="none")
-    preconverted = None if child_float is None else (child_float[0], child_float[1], None)
-    float_file, log, notes, _ = _convert_with_rewrites(source, plain, None, quiet, preconverted, for_gpu=False)
+    child = None if preconverted is None else (preconverted[2], preconverted[1], None)
+    float_file, log, notes, _ = _convert_with_rewrites(source, plain, None, quiet, child, for_gpu=False)
     release_freed_memory()  # the converter's freed buffers, before calibration's copies of the model
     if float_out is not None:
         float_out.append(float_file)

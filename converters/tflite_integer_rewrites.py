@@ -65,10 +65,6 @@ class IntegerGraph:
             return None
         return np.frombuffer(np.asarray(data, np.uint8).tobytes(), np.float32)
 
-    def set_constant(self, index: int, values: np.ndarray) -> None:
-        buffer = self.model.buffers[self.graph.tensors[index].buffer]
-        buffer.data = np.frombuffer(values.astype(np.float32).tobytes(), np.uint8).copy()
-
     def tensor_like(self, index: int, suffix: str) -> int:
         """A new float32 activation shaped as tensor ``index``."""
         base, tensor = self.graph.tensors[index], self.schema.TensorT()
