@@ -18,7 +18,6 @@ pe-export's own fp32 export of the same model and format (the int8 rows: dynamic
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -76,20 +75,13 @@ class Measured:
 
 
 def measure(command: list[str], cap_bytes: int) -> Measured:
-    """Run ``command``; its wall time and the peak RSS summed over its process tree: sampled, and at least the
-    kernel's high-water mark of its largest process (a peak shorter than a sample is not missed)."""
+    """Run ``command``; its wall time and the peak RSS summed over its process tree."""
     import psutil
 
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root, peak, killed = psutil.Process(process.pid), 0, False
-    while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:  # reaped here, so that its rusage (the largest resident set of it and its children) is read
-            process.returncode = os.waitstatus_to_exitcode(status)
-            # kB on Linux; it starts from this small process's own at the fork (carried across exec)
-            peak = max(peak, usage.ru_maxrss * 1024)
-            break
+    while process.poll() is None:
         total = 0
         try:
             for member in [root, *root.children(recursive=True)]:
