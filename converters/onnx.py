@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_export.converters.keep_float import JudgeFeeds
+from pe_export.converters.onnx_fusions import fuse_for_runtime
 from pe_export.converters.onnx_rewrites import float16_stored, fold_shapes_of_initializers, rebuild_tables_at_load
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
@@ -98,15 +99,9 @@ def convert_onnx(
     if large:  # onnx.checker takes no ModelProto past 2 GiB: check the graph while the weights are inputs
         check_onnx_model(model, "tf2onnx output")
     bind_initializers(model, list(weights.values()), frozen.weights.value)
-    folding = fold_shapes_of_initializers(model)
+    notes = _cleaned_up(model, options.fuse)
     if not large:
         check_onnx_model(model, "tf2onnx output")
-    notes = []
-    if folding.bytes_dropped:
-        notes.append(
-            f"{folding.shapes_folded} Shape op(s) of constants folded; {folding.initializers_dropped} constant(s) "
-            f"that tf2onnx kept only for their shape dropped ({folding.bytes_dropped:,} B)"
-        )
     if float_out is not None and options.quantize != "none" and not large:
         float_out.append(model.SerializeToString())
     model = _quantized(model, options, judge, notes, searches if searches is not None else [])
@@ -125,6 +120,22 @@ def convert_onnx(
     data = model.SerializeToString()
     check_onnxruntime_loads(data)
     return data, log.text, notes
+
+
+def _cleaned_up(model: Any, fuse: bool) -> list[str]:
+    """In place: what tf2onnx wrote out at length, written as what it computes (shapes of constants as constants;
+    with ``fuse``, LayerNorms and Tensordots as single ops); the notes that say what changed."""
+    notes = []
+    folding = fold_shapes_of_initializers(model)
+    if folding.bytes_dropped:
+        notes.append(
+            f"{folding.shapes_folded} Shape op(s) of constants folded; {folding.initializers_dropped} constant(s) "
+            f"that tf2onnx kept only for their shape dropped ({folding.bytes_dropped:,} B)"
+        )
+    fused = fuse_for_runtime(model).note() if fuse else None
+    if fused:
+        notes.append(fused)
+    return notes
 
 
 def _quantized(

@@ -37,6 +37,7 @@ class ExportOptions:
     quantize: str = "none"
     builtins_only: bool = False  # TFLite: refuse select TF (Flex) ops
     opset: int = DEFAULT_ONNX_OPSET  # ONNX only
+    fuse: bool = True  # ONNX: LayerNorms and Tensordots as single ops (converters/onnx_fusions.py)
     verify: bool = True
     overwrite: bool = False
     keep_failed: bool = False  # a file that fails verification is kept as NAME.FAILED.ext instead of dropped

@@ -196,6 +196,7 @@ def _export_options(**values: Any) -> Any:
         quantize=values["quantize"],
         builtins_only=values.get("builtins_only", False),
         opset=values.get("opset", DEFAULT_ONNX_OPSET),
+        fuse=not values.get("no_fuse", False),
         outlier_channels=values.get("outlier_channels"),
         int8_kernel=values.get("int8_kernel"),
         verify=not values["no_verify"],
@@ -355,6 +356,13 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
 @cli.command()
 @export_options(ONNX_QUANTIZE_MODES)
 @click.option("--opset", type=int, default=DEFAULT_ONNX_OPSET, show_default=True, help="ONNX opset.")
+@click.option(
+    "--no-fuse",
+    is_flag=True,
+    help="Keep tf2onnx's graph as written: LayerNorms as 13 elementwise nodes, each Dense as Reshape, MatMul, "
+    "Reshape (by default one LayerNormalization op at opset 17+, one MatMul), for a runtime without "
+    "LayerNormalization (TensorRT before 8.6).",
+)
 @click.option(
     "--outlier-channels",
     type=int,

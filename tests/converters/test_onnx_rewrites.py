@@ -67,7 +67,8 @@ def test_folds_shapes_and_drops_only_what_nothing_else_reads() -> None:
 def test_exported_encoder_keeps_no_weight_for_its_shape_alone(saved_model, tmp_path: Path) -> None:
     report = export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions())
     assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
-    assert len(report.notes) == 1 and "kept only for their shape dropped" in report.notes[0]
+    assert len(report.notes) == 2 and "kept only for their shape dropped" in report.notes[0]
+    assert "LayerNormalization" in report.notes[1]  # the other clean-up: converters/onnx_fusions.py
     model = onnx.load(str(tmp_path / "m.onnx"))
     initializers = {init.name for init in model.graph.initializer}
     readers: dict[str, set[str]] = {}
