@@ -65,3 +65,13 @@ def test_onnx_export_needs_at_most_half_of_tf2onnx(mid: Path, tmp_path: Path) ->
     layers, hidden, _, ff = bench.SHAPES["mid"]
     matrices = (30522 + 512 + 2) * hidden + layers * (4 * hidden * hidden + 2 * hidden * ff) + hidden * hidden
     assert (tmp_path / "m.onnx").stat().st_size >= 4 * matrices  # every weight matrix is in the file, as float32
+
+
+def test_peak_includes_a_spike_between_samples() -> None:
+    """A process that touches 600 MB for a moment and frees it: the peak holds it (its kernel high-water mark),
+    however the 50 ms samples fall."""
+    bench = _benchmark()
+    spike = "import time, numpy as np; time.sleep(0.2); a = np.ones(75_000_000); del a; time.sleep(0.2)"
+    measured = bench.measure([sys.executable, "-c", spike], 20 * 10**9)
+    assert measured.returncode == 0
+    assert measured.peak_bytes >= 600 * 10**6, measured
