@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,27 +181,30 @@ def qdq_model(
     if tables:
         rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in kept_set])
     _store_kept_in_float16(quantized, kept_set)
-    # A kept node reads its activations float too: where it shares an input with quantized MatMuls (a layer's
-    # query beside its key and value), the quantizer had it read their DequantizeLinear.
-    float_activations(quantized, kept_set | set(weight_only))
+    # Only the int8 products read an activation through its QDQ pair. The quantizer has every reader of a tensor
+    # read its DequantizeLinear: a kept MatMul beside quantized ones (a layer's query beside its key and value),
+    # and any other op reading the same tensor (the residual Add beside a feed-forward MatMul reading a
+    # LayerNorm's output), whose float path would take the int8 rounding too.
+    products = set(quantized_nodes) - set(weight_only)
+    float_activations(quantized, lambda node: node.name not in products)
     if rounding is not None:
         rounding.apply(quantized)
     return quantized
 
 
-def float_activations(model: Any, nodes: set[str]) -> int:
-    """In place: the named MatMuls read their activations as they are, not through a QuantizeLinear →
-    DequantizeLinear pair (a constant's DequantizeLinear, the int8 weight, stays); nodes no one reads any more are
-    dropped. Returns the inputs changed. What TensorRT runs as weight-only int8 and onnxruntime as a float
-    product of the dequantized weight."""
+def float_activations(model: Any, reads_float: Callable[[Any], bool]) -> int:
+    """In place: the nodes ``reads_float`` names read their activations as they are, not through a QuantizeLinear
+    → DequantizeLinear pair (a constant's DequantizeLinear, an int8 weight or table, stays); nodes no one reads
+    any more are dropped. Returns the inputs changed. A MatMul so changed is what TensorRT runs as weight-only
+    int8 and onnxruntime as a float product of the dequantized weight."""
     graph = model.graph
     constants = {init.name for init in graph.initializer}
     producers = {output: node for node in graph.node for output in node.output}
     changed = 0
     for node in graph.node:
-        if node.op_type != "MatMul" or node.name not in nodes:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or not reads_float(node):
             continue
-        for index, name in enumerate(node.input[:2]):
+        for index, name in enumerate(node.input):
             dequantize = producers.get(name)
             if dequantize is None or dequantize.op_type != "DequantizeLinear" or dequantize.input[0] in constants:
                 continue

@@ -223,6 +223,32 @@ def test_a_kept_node_reads_its_activation_float_beside_quantized_readers() -> No
     np.testing.assert_allclose(got, x @ w_query.astype(np.float16).astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+def test_an_op_beside_an_int8_product_reads_the_float_activation() -> None:
+    """A MatMul and an Add read x (a feed-forward product beside the residual Add, both reading a LayerNorm's
+    output once it is one op): onnxruntime's quantizer has every reader of x read its DequantizeLinear, so the
+    residual path would take the int8 rounding. Only the product reads x through the pair; the Add's output is
+    x + 1 exactly, while the product still sees x clipped to its range."""
+    rng = np.random.default_rng(6)
+    weight = rng.normal(size=(8, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="product"), helper.make_node("Add", ["x", "C"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 8]),
+        ],
+        initializer=[numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.ones(8, np.float32), "C")],
+    )
+    x = rng.normal(size=(3, 8)).astype(np.float32) * 2
+    quantized = qdq_model(onnx_model(graph), {"x": 1.0}, [])  # a range that clips x: quantized x would show
+    assert qdq_counts(quantized)["MatMul int8"] == 1
+    session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, z = session.run(["y", "z"], {"x": x})
+    np.testing.assert_array_equal(z, x + 1)
+    assert np.abs(y - x @ weight).max() > 0.5  # the product's x is clipped at 1.0
+
+
 def test_weight_only_multiplies_the_float_activation_by_the_dequantized_weight() -> None:
     rng = np.random.default_rng(6)
     weight = rng.normal(size=(32, 24)).astype(np.float32)
