@@ -61,6 +61,7 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     once at 0.99858 — the gate's margin there is ~2e-4; benchmarks/real_weights.py measures it.)"""
     import onnx
 
+    from pe_export.converters.gptq import weight_dequantizers
     from pe_export.converters.onnx_outliers import is_side_node
     from pe_export.converters.onnx_static_int8 import qdq_counts
 
@@ -83,9 +84,16 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     counts = qdq_counts(written)
     kept = KEPT.search(out)
     assert kept is None or int(kept[1]) < int(kept[2]), out
-    # most MatMuls int8 (not counting the outlier channels' float products beside them: 11 of MiniLM's 60)
-    side = sum(is_side_node(node.name) for node in written.graph.node if node.op_type == "MatMul")
-    assert counts["MatMul int8"] >= 0.75 * (counts["MatMul"] - side), (counts, out)
+    # The weight products (what the bytes are) nearly all read int8 activations. The attention's two activation
+    # products cost no bytes kept float, so the search ranks them first: 6 or all 12 of them stay float as its
+    # probe decides at this target (43 and 36 int8 MatMuls of 49 with tf2onnx's graph and the fused one, the same
+    # held-out cosine within 6e-4), which a bound on every MatMul would read as a regression.
+    weights = weight_dequantizers(written)
+    producers = {name: node.op_type for node in written.graph.node for name in node.output}
+    int8_input = [node for node in written.graph.node if node.name in weights and not is_side_node(node.name)]
+    int8_input = [node for node in int8_input if producers.get(node.input[0]) == "DequantizeLinear"]
+    products = [name for name in weights if not is_side_node(name)]
+    assert len(int8_input) >= 0.9 * len(products), (counts, out)
     zero_points = [i for i in written.graph.initializer if i.name.endswith("_zero_point")]
     assert zero_points and all(not onnx.numpy_helper.to_array(z).any() for z in zero_points)
     # The same held-out figure measured apart from the gate (one sentence per call, unpadded).
