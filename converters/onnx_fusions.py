@@ -4,9 +4,10 @@ tf2onnx lowers Keras's LayerNormalization to 13 elementwise nodes (two GlobalAve
 variance, Sqrt, Reciprocal, the scale and shift in five Muls and Adds) and every Dense on a 3-D input to a
 Tensordot: Reshape to 2-D, MatMul, Reshape back by a shape computed from the input's Shape (five more nodes).
 onnxruntime's own LayerNorm fusion looks for ReduceMean and finds none, so each node runs: on all-MiniLM-L6-v2
-at 14 tokens (one thread) the float32 file ran 4.40 ms as tf2onnx wrote it and 4.00 ms with its 13 LayerNorms as
-one ``LayerNormalization`` (opset 17) and its 12 Tensordots as one MatMul on the 3-D input (721 -> 481 nodes);
-TensorRT takes ``LayerNormalization`` as its normalization layer rather than a float16 sum of squares.
+at 14 tokens (one thread, benchmarks/onnx_fusions.py) the float32 file ran 3.99 ms as tf2onnx wrote it and 3.75 ms
+with its 13 LayerNorms as one ``LayerNormalization`` (opset 17) and its 12 Tensordots as one MatMul on the 3-D
+input (721 -> 481 nodes), where onnxruntime then fuses each residual Add into ``SkipLayerNormalization``;
+TensorRT (8.6 and later) takes ``LayerNormalization`` as its normalization layer.
 
 Each rewrite is decided from what the nodes compute, checked value by value: the reductions average over the
 last axis of a rank-3 tensor (shape inference on the file without its weights), the scale, shift and epsilon are
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.onnx_ranks import tensor_ranks
 from pe_export.converters.onnx_rewrites import drop_unread_initializers, names_read_by
 
 LAYER_NORM_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
@@ -48,7 +50,7 @@ def fuse_for_runtime(model: Any) -> Fusions:
     Tensordot as one MatMul; nodes and initializers nothing reads any more go."""
     graph = model.graph
     before = len(graph.node)
-    view = _GraphView(graph, _ranks(model))
+    view = _GraphView(graph, tensor_ranks(model))
     opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
     norms = _fuse_layer_norms(graph, view) if opset >= LAYER_NORM_OPSET else 0
     view = _GraphView(graph, view.ranks)
@@ -109,141 +111,6 @@ def _subgraphs(node: Any) -> list[Any]:
     return found
 
 
-# Ops whose output has the rank of their (broadcast) inputs: where shape inference loses a rank (an Expand by a
-# computed shape), it is carried through these (GlobalAveragePool keeps its input's rank).
-_ELEMENTWISE = {
-    "GlobalAveragePool",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Where",
-    "Neg",
-    "Sqrt",
-    "Reciprocal",
-    "Cast",
-    "Erf",
-    "Tanh",
-    "Relu",
-    "Sigmoid",
-    "Softmax",
-    "Identity",
-    "Abs",
-    "Exp",
-    "Log",
-    "LayerNormalization",
-    "Max",
-    "Min",
-    "Not",
-    "Equal",
-    "Less",
-    "Greater",
-}
-
-
-def _ranks(model: Any) -> dict[str, int]:
-    """Each tensor's rank where it is known: shape inference on the graph without its weights (initializers
-    declared as inputs of their shape: the file's bytes are not copied), then carried through elementwise ops and
-    Expand (its output's rank: its input's or its shape's length, the larger) where inference lost it."""
-    from onnx import helper, shape_inference
-
-    graph = model.graph
-    declared = {value.name for value in graph.input}
-    weights = [
-        helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-        for init in graph.initializer
-        if init.name not in declared
-    ]
-    skeleton = helper.make_graph(list(graph.node), "skeleton", [*graph.input, *weights], list(graph.output))
-    skeleton_model = helper.make_model(skeleton, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    try:
-        inferred = shape_inference.infer_shapes(skeleton_model, strict_mode=False).graph
-    except Exception:  # shape inference refusing a node means no rank is known: nothing is fused
-        return {}
-    shapes: dict[str, list[int]] = {}
-    for value in [*inferred.input, *inferred.value_info, *inferred.output]:
-        tensor = value.type.tensor_type
-        if tensor.HasField("shape"):
-            shapes[value.name] = [dim.dim_value if dim.HasField("dim_value") else -1 for dim in tensor.shape.dim]
-    ranks = {name: len(dims) for name, dims in shapes.items()}
-    lengths = {name: dims[0] for name, dims in shapes.items() if len(dims) == 1 and dims[0] >= 0}
-    view = _GraphView(graph, ranks)
-    for node in graph.node:  # topological order, as ONNX requires
-        if not node.output:
-            continue
-        length = _shape_length(node, ranks, lengths, view)
-        if length is not None:
-            lengths.setdefault(node.output[0], length)
-            ranks.setdefault(node.output[0], 1)
-        if node.output[0] in ranks:
-            continue
-        rank = _rank_of(node, ranks, lengths, view)
-        if rank is not None:
-            for output in node.output if node.op_type in _SAME_RANK_OUTPUTS else node.output[:1]:
-                ranks.setdefault(output, rank)
-    return ranks
-
-
-_SAME_RANK_OUTPUTS = {"Split"}
-
-
-def _rank_of(node: Any, ranks: dict[str, int], lengths: dict[str, int], view: _GraphView) -> int | None:
-    """The rank of ``node``'s (first) output from its inputs' ranks, for the ops an encoder's graph is made of."""
-    from onnx import helper
-
-    op, inputs = node.op_type, [name for name in node.input if name]
-    known = [ranks.get(name) for name in inputs]
-    first = known[0] if known else None
-    if op in _ELEMENTWISE and known and all(rank is not None for rank in known):
-        return max(rank for rank in known if rank is not None)
-    if op in ("Transpose", "Slice", "Split", "Concat") and first is not None:
-        return first
-    if op == "Expand" and first is not None and inputs[1] in lengths:
-        return max(first, lengths[inputs[1]])
-    if op == "Reshape" and inputs[1] in lengths:
-        return lengths[inputs[1]]
-    ints = [rank for rank in known if rank is not None]
-    if op == "MatMul" and len(ints) == 2 and min(ints) >= 2:
-        return max(ints)
-    if op == "Gemm":
-        return 2
-    if op == "Gather" and len(ints) == 2 == len(known):
-        return ints[0] - 1 + ints[1]
-    if op in ("Squeeze", "Unsqueeze") and first is not None:
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        axes = attributes.get("axes")
-        if axes is None and len(inputs) > 1:
-            constant = view.constant(inputs[1])
-            axes = None if constant is None else constant.reshape(-1).tolist()
-        if axes is not None:
-            return first + len(axes) if op == "Unsqueeze" else first - len(axes)
-    return None
-
-
-def _shape_length(node: Any, ranks: dict[str, int], lengths: dict[str, int], view: _GraphView) -> int | None:
-    """How many values a computed shape (a 1-D integer tensor) holds, where its node says: a Shape, a Cast or
-    Concat of such, a Slice or Gather of one by constants."""
-    op, inputs = node.op_type, list(node.input)
-    if op == "Shape" and not node.attribute and inputs[0] in ranks:
-        return ranks[inputs[0]]
-    if op == "Cast" and inputs[0] in lengths:
-        return lengths[inputs[0]]
-    if op == "Concat" and all(name in lengths for name in inputs):
-        return sum(lengths[name] for name in inputs)
-    if op == "Gather" and ranks.get(inputs[0]) == 1:
-        indices = view.constant(inputs[1])
-        return None if indices is None or indices.ndim != 1 else int(indices.size)
-    if op == "Slice" and inputs[0] in lengths and len(inputs) >= 3:
-        bounds = [view.constant(name) for name in inputs[1:]]
-        if any(bound is None or bound.size != 1 for bound in bounds):
-            return None
-        starts, ends, *rest = (int(bound.reshape(-1)[0]) for bound in bounds if bound is not None)
-        step = rest[1] if len(rest) > 1 else 1
-        return len(range(lengths[inputs[0]])[starts:ends:step])
-    return None
-
-
 def _last_axis_mean(node: Any, view: _GraphView) -> str | None:
     """The input ``node`` averages over its last axis (rank 3, keepdims), or None."""
     from onnx import helper
@@ -273,12 +140,13 @@ def _other(node: Any, name: str) -> str | None:
 
 
 def _vector(value: np.ndarray | None, width: int | None) -> np.ndarray | None:
-    """A constant that broadcasts along the last axis only, as a [width] float32 vector."""
+    """A constant that broadcasts along the last axis only, as a [width] vector of its own type (the type the
+    pattern computes in)."""
     if value is None or width is None or value.size not in (1, width):
         return None
     if value.ndim > 1 and any(d != 1 for d in value.shape[:-1]):
         return None
-    return np.broadcast_to(value.reshape(-1), (width,)).astype(np.float32)
+    return np.ascontiguousarray(np.broadcast_to(value.reshape(-1), (width,)))
 
 
 def _fuse_layer_norms(graph: Any, view: _GraphView) -> int:

@@ -87,6 +87,16 @@ def newer_ops(nodes: list[Any]) -> list[str]:
     return [f"MatMulNBits with 8-bit weights (onnxruntime {release} or later)"] if eight_bit else []
 
 
+TENSORRT_LAYER_NORM_RELEASE = "8.6"  # TensorRT's first ONNX parser with LayerNormalization (JetPack 6; JetPack 5: 8.5)
+
+
+def tensorrt_ops(nodes: list[Any]) -> list[str]:
+    """Ops of the file that only recent TensorRT releases parse, each with the release and how to avoid it."""
+    if not any(node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") for node in nodes):
+        return []
+    return [f"{TENSORRT_LAYER_NORM_RELEASE} or later for LayerNormalization (re-export with --no-fuse for older)"]
+
+
 def release_of(version: str) -> tuple[int, ...]:
     """ "1.23.0.dev20250101" → (1, 23, 0): the leading numbers of a version string."""
     numbers = []
@@ -160,7 +170,7 @@ def summarize_onnx_model(model: Any, path: Path, file_bytes: int) -> ModelSummar
         op_counts=op_counts,
         constants=constants,
         custom_ops=bad,
-        runs_on=onnx_verdicts(bad, domains, newer_ops(nodes)),
+        runs_on=onnx_verdicts(bad, domains, newer_ops(nodes), tensorrt_ops(nodes)),
         details={"opset": opsets, "producer": f"{model.producer_name} {model.producer_version}".strip()},
         metadata={text(prop.key): text(prop.value) for prop in model.metadata_props},
     )

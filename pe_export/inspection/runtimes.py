@@ -97,8 +97,11 @@ def tflite_verdicts(
     ]
 
 
-def onnx_verdicts(unknown_ops: list[str], custom_domains: list[str], newer: Sequence[str] = ()) -> list[RuntimeVerdict]:
-    """``newer``: ops that need a recent onnxruntime, each naming the release (``onnx_file.newer_ops``)."""
+def onnx_verdicts(
+    unknown_ops: list[str], custom_domains: list[str], newer: Sequence[str] = (), tensorrt: Sequence[str] = ()
+) -> list[RuntimeVerdict]:
+    """``newer``: ops that need a recent onnxruntime, each naming the release (``onnx_file.newer_ops``);
+    ``tensorrt``: ops that need a recent TensorRT (``onnx_file.tensorrt_ops``)."""
     if unknown_ops:
         reason = f"ops without an ONNX schema: {', '.join(unknown_ops)}"
         return [RuntimeVerdict("onnxruntime", False, reason)]
@@ -107,6 +110,9 @@ def onnx_verdicts(unknown_ops: list[str], custom_domains: list[str], newer: Sequ
     return [
         RuntimeVerdict("onnxruntime", True, f"{notes} (CPU provider)"),
         RuntimeVerdict(
-            "onnxruntime-gpu", True, "CUDA/TensorRT coverage is per op: confirm with `pe-export parity --providers`"
+            "onnxruntime-gpu",
+            True,
+            "CUDA/TensorRT coverage is per op: confirm with `pe-export parity --providers`"
+            + "".join(f"; TensorRT needs {op}" for op in tensorrt),
         ),
     ]
