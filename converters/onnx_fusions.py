@@ -88,6 +88,11 @@ class _GraphView:
             return np.asarray(self._to_array(node.attribute[0].t))
         return None
 
+    def dims(self, name: str) -> list[int] | None:
+        """An initializer's shape, read without its values."""
+        initializer = self._initializers.get(name)
+        return None if initializer is None else [int(d) for d in initializer.dims]
+
     def only_reader(self, name: str, op_type: str) -> Any | None:
         """The one node that reads ``name``, where it is an ``op_type`` and ``name`` is no graph output."""
         readers = self.consumers.get(name, [])
@@ -250,17 +255,17 @@ def _collapse_tensordots(graph: Any, view: _GraphView) -> int:
     for matmul in graph.node:
         if matmul.op_type != "MatMul":
             continue
-        weight = view.constant(matmul.input[1])
+        weight = view.dims(matmul.input[1])  # its shape only: a weight is not copied to be looked at
         flatten = view.producer.get(matmul.input[0])
-        if weight is None or weight.ndim != 2 or flatten is None or flatten.op_type != "Reshape":
+        if weight is None or len(weight) != 2 or flatten is None or flatten.op_type != "Reshape":
             continue
         x = flatten.input[0]
         rank = view.ranks.get(x)
         flat_shape = view.constant(flatten.input[1])
-        if rank is None or rank < 3 or flat_shape is None or flat_shape.tolist() != [-1, weight.shape[0]]:
+        if rank is None or rank < 3 or flat_shape is None or flat_shape.tolist() != [-1, weight[0]]:
             continue
         unflatten = view.only_reader(matmul.output[0], "Reshape")
-        if unflatten is None or not _leading_dims_then(unflatten.input[1], x, rank, int(weight.shape[1]), view):
+        if unflatten is None or not _leading_dims_then(unflatten.input[1], x, rank, weight[1], view):
             continue
         matmul.input[0] = x
         matmul.output[0] = unflatten.output[0]

@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.api import export_onnx
-from pe_export.converters.onnx_rewrites import fold_shapes_of_initializers, gemms_to_matmuls
+from pe_export.converters.onnx_rewrites import drop_unread_initializers, fold_shapes_of_initializers, gemms_to_matmuls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from tests.helpers import onnx_model
@@ -114,3 +114,30 @@ def test_gemm_by_a_constant_becomes_matmul_with_the_same_arithmetic() -> None:
     ]
     for got, want in zip(run(model, x), before, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _high_water_bytes() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+
+def test_dropping_an_initializer_does_not_copy_the_kept_weights() -> None:
+    """A 256 MB weight read by a MatMul and a small constant nothing reads: the constant goes and the weight stays
+    where it is (clearing the field and extending it again copied every kept weight: BERT-base's export peaked
+    0.7 GB higher)."""
+    weight = numpy_helper.from_array(np.ones((8192, 8192), np.float32), "W")
+    unread = numpy_helper.from_array(np.ones(4, np.float32), "unread")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8192])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8192])],
+        initializer=[weight, unread],
+    )
+    del weight
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+        clear.write("5")  # the high-water mark restarts from what is resident now
+    before = _high_water_bytes()
+    drop_unread_initializers(graph)
+    assert [init.name for init in graph.initializer] == ["W"]
+    assert _high_water_bytes() - before < 64 * 2**20
