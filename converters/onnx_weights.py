@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.onnx_rewrites import remove_initializers
+
 # Ops tf2onnx leaves on a weight it could not fold (it was an input): exact to fold in numpy.
 _FOLDABLE = ("Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Identity")
 
@@ -65,9 +67,8 @@ def _fold_weight_chains(graph: Any) -> None:
     del graph.node[:]
     graph.node.extend(kept_nodes)
     read = {name for node in graph.node for name in node.input} | {output.name for output in graph.output}
-    kept = [init for init in initializers.values() if init.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    remove_initializers(graph, {init.name for init in graph.initializer if init.name not in read})  # no copies
+    graph.initializer.extend(tensor for name, tensor in folded.items() if name in read)
 
 
 def _evaluate(op: str, arrays: list[np.ndarray], attributes: dict[str, Any]) -> np.ndarray:
