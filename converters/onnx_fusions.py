@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.onnx_projections import collapse_projections
 from pe_export.converters.onnx_ranks import tensor_ranks
 from pe_export.converters.onnx_rewrites import drop_unread_initializers, names_read_by
 
@@ -33,15 +34,17 @@ LAYER_NORM_OPSET = 17  # LayerNormalization is an ONNX op from opset 17
 class Fusions:
     layer_norms: int
     tensordots: int
+    projections: int
     nodes_before: int
     nodes_after: int
 
     def note(self) -> str | None:
-        if not (self.layer_norms or self.tensordots):
+        if not (self.layer_norms or self.tensordots or self.projections):
             return None
         return (
-            f"{self.layer_norms} LayerNorm(s) as one LayerNormalization op, {self.tensordots} Tensordot(s) as one "
-            f"MatMul on the 3-D input ({self.nodes_before} -> {self.nodes_after} nodes)"
+            f"{self.layer_norms} LayerNorm(s) as one LayerNormalization op, {self.tensordots} Tensordot(s) and "
+            f"{self.projections} einsum projection(s) as one MatMul on the 3-D input "
+            f"({self.nodes_before} -> {self.nodes_after} nodes)"
         )
 
 
@@ -55,10 +58,12 @@ def fuse_for_runtime(model: Any) -> Fusions:
     norms = _fuse_layer_norms(graph, view) if opset >= LAYER_NORM_OPSET else 0
     view = _GraphView(graph, view.ranks)
     tensordots = _collapse_tensordots(graph, view)
-    if norms or tensordots:
+    view = _GraphView(graph, view.ranks)
+    projections = collapse_projections(graph, view)
+    if norms or tensordots or projections:
         _drop_dead_nodes(graph)
         drop_unread_initializers(graph)
-    return Fusions(norms, tensordots, before, len(graph.node))
+    return Fusions(norms, tensordots, projections, before, len(graph.node))
 
 
 class _GraphView:
@@ -88,6 +93,22 @@ class _GraphView:
             return np.asarray(self._to_array(node.attribute[0].t))
         return None
 
+    @property
+    def initializer_names(self) -> set[str]:
+        return set(self._initializers)
+
+    def constant_value(self, name: str, depth: int = 8) -> np.ndarray | None:
+        """``constant``, or the value of a chain of shape arithmetic and weight reshaping on constants (tf2onnx
+        computes an einsum's weight shape from Constant nodes that only a runtime would fold), or None."""
+        value = self.constant(name)
+        node = self.producer.get(name)
+        if value is not None or node is None or depth == 0 or node.op_type not in _EVALUATED:
+            return value
+        arrays = [self.constant_value(n, depth - 1) for n in node.input if n]
+        if any(a is None for a in arrays) or not arrays:
+            return None
+        return _evaluated(node, [a for a in arrays if a is not None])
+
     def dims(self, name: str) -> list[int] | None:
         """An initializer's shape, read without its values."""
         initializer = self._initializers.get(name)
@@ -102,6 +123,27 @@ class _GraphView:
 
     def readers(self, name: str) -> list[Any]:
         return [] if name in self.outputs else self.consumers.get(name, [])
+
+
+_EVALUATED = {"Gather", "Concat", "ReduceProd", "Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def _evaluated(node: Any, arrays: list[np.ndarray]) -> np.ndarray | None:
+    """``node`` (an op of ``_EVALUATED``) computed on constant inputs with numpy, or None for a form not handled."""
+    from onnx import helper
+
+    from pe_export.converters.onnx_weights import _evaluate
+
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Gather":
+        return np.take(arrays[0], arrays[1], axis=int(attributes.get("axis", 0)))
+    if node.op_type == "Concat":
+        return np.concatenate([np.atleast_1d(a) for a in arrays], axis=int(attributes["axis"]))
+    if node.op_type == "ReduceProd":
+        axes = attributes.get("axes", arrays[1].tolist() if len(arrays) > 1 else None)
+        keep = bool(attributes.get("keepdims", 1))
+        return np.prod(arrays[0], axis=None if axes is None else tuple(axes), keepdims=keep).astype(arrays[0].dtype)
+    return _evaluate(node.op_type, arrays, attributes)
 
 
 def _subgraphs(node: Any) -> list[Any]:

@@ -158,8 +158,8 @@ def test_the_probe_grows_by_the_rows_a_verdict_fails_on_and_the_count_is_the_few
 
 @pytest.mark.parametrize("file_format", ["tflite", "onnx"])
 def test_keep_float_leaves_the_named_weights_float(encoder: Path, file_format: str, tmp_path: Path) -> None:
-    """--keep-float NAME: the weights it names (a Keras layer path in TFLite's tensor names; ONNX's node names,
-    tf2onnx keeping no layer path on Gemm) stay float in the written file; a name that matches none is one line."""
+    """--keep-float NAME: the weights it names (a Keras layer path in TFLite's tensor names; ONNX's node names)
+    stay float in the written file; a name that matches none is one line."""
     export = export_tflite if file_format == "tflite" else export_onnx
     output = tmp_path / f"m.{file_format}"
     with pytest.raises(BadInputError, match="--keep-float 'no_such_layer' names no int8 weight of this file"):

@@ -92,6 +92,73 @@ def tensordot_graph(indices: list[int] | None = None) -> onnx.ModelProto:
     return onnx_model(graph)
 
 
+HEADS, HEAD_WIDTH = 2, 3
+
+
+def einsum_projection_graph(
+    kind: str, leading: list[int] | None = None, squeezed: int | None = None
+) -> onnx.ModelProto:
+    """tf2onnx's lowering of an EinsumDense, node for node. ``kind`` "heads" (``abc,cde->abde``, the query/key/value):
+    x [B, T, K] Unsqueezed to rank 5, Reshape [-1, K], Gemm(transB) by W [N, K], Reshape to Shape(s)[0, 1] + a
+    Gather of a Constant's dims + [1], Squeeze(4) -> [B, T, H, D]. "merge" (``abcd,cde->abe``, the attention
+    output): x [B, T, H, D] Unsqueezed to [B, T, 1, H, D], Reshape [-1, ReduceProd(Shape(s)[3, 4])], Gemm, Reshape
+    to Shape(s)[0, 1] + [N, 1, 1], Squeeze(3, 4) -> [B, T, N]. ``leading``: the Gather of Shape(s) (a transposed
+    one is not the product's shape); ``squeezed``: a Squeeze axis other than the pattern's."""
+    k = n = HEADS * HEAD_WIDTH
+    weight = numpy_helper.from_array(RNG.normal(size=(n, k)).astype(np.float32), "w")
+    initializers = [
+        weight,
+        numpy_helper.from_array(np.array(leading or [0, 1], np.int64), "leading_axes"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+    ]
+    if kind == "heads":
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k])]
+        initializers += [
+            numpy_helper.from_array(np.array([2, 3], np.int64), "new_axes"),
+            numpy_helper.from_array(np.array([-1, k], np.int64), "flat"),
+            numpy_helper.from_array(np.array([2, 3], np.int64), "head_axes"),
+            numpy_helper.from_array(np.array([squeezed if squeezed is not None else 4], np.int64), "squeeze_axes"),
+        ]
+        dims = numpy_helper.from_array(np.array([1, 1, HEADS, HEAD_WIDTH, k], np.int64), "dims")
+        nodes = [
+            helper.make_node("Unsqueeze", ["x", "new_axes"], ["s"]),
+            helper.make_node("Reshape", ["s", "flat"], ["s_flat"]),
+            helper.make_node("Gemm", ["s_flat", "w"], ["y_flat"], transB=1, alpha=1.0, beta=0.0),
+            helper.make_node("Shape", ["s"], ["s_shape"]),
+            helper.make_node("Gather", ["s_shape", "leading_axes"], ["lead"], axis=0),
+            helper.make_node("Constant", [], ["w_dims"], value=dims),
+            helper.make_node("Gather", ["w_dims", "head_axes"], ["heads"], axis=0),
+            helper.make_node("Concat", ["lead", "heads", "one"], ["unflat"], axis=0),
+            helper.make_node("Reshape", ["y_flat", "unflat"], ["y5"]),
+            helper.make_node("Squeeze", ["y5", "squeeze_axes"], ["y"]),
+        ]
+        output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, HEADS, HEAD_WIDTH])
+    else:
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, HEADS, HEAD_WIDTH])]
+        initializers += [
+            numpy_helper.from_array(np.array([2], np.int64), "new_axes"),
+            numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+            numpy_helper.from_array(np.array([3, 4], np.int64), "merged_axes"),
+            numpy_helper.from_array(np.array([n, 1, 1], np.int64), "columns"),
+            numpy_helper.from_array(np.array([3, squeezed if squeezed is not None else 4], np.int64), "squeeze_axes"),
+        ]
+        nodes = [
+            helper.make_node("Unsqueeze", ["x", "new_axes"], ["s"]),
+            helper.make_node("Shape", ["s"], ["s_shape"]),
+            helper.make_node("Gather", ["s_shape", "merged_axes"], ["merged"], axis=0),
+            helper.make_node("ReduceProd", ["merged"], ["inner"], keepdims=1),
+            helper.make_node("Concat", ["minus_one", "inner"], ["flat"], axis=0),
+            helper.make_node("Reshape", ["s", "flat"], ["s_flat"]),
+            helper.make_node("Gemm", ["s_flat", "w"], ["y_flat"], transB=1),
+            helper.make_node("Gather", ["s_shape", "leading_axes"], ["lead"], axis=0),
+            helper.make_node("Concat", ["lead", "columns"], ["unflat"], axis=0),
+            helper.make_node("Reshape", ["y_flat", "unflat"], ["y5"]),
+            helper.make_node("Squeeze", ["y5", "squeeze_axes"], ["y"]),
+        ]
+        output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, n])
+    return onnx_model(helper.make_graph(nodes, kind, inputs, [output], initializer=initializers))
+
+
 def run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
     import onnxruntime as ort
 
@@ -173,6 +240,46 @@ def test_tensordot_left_where_the_output_shape_is_not_the_inputs_leading_dims() 
     assert (fusions.tensordots, fusions.nodes_after) == (0, 8)
 
 
+@pytest.mark.parametrize(
+    ("kind", "ops_after"),
+    [
+        ("heads", {"MatMul": 1, "Reshape": 1}),  # by [0, 0, H, D]: the heads split by constants
+        ("merge", {"Unsqueeze": 1, "Reshape": 1, "MatMul": 1}),  # [B, T, 1, H, D] to [0, 0, -1], then the product
+    ],
+)
+def test_einsum_projection_becomes_one_matmul_that_computes_the_same(kind: str, ops_after: dict[str, int]) -> None:
+    model = einsum_projection_graph(kind)
+    shape = (3, 4, HEADS * HEAD_WIDTH) if kind == "heads" else (3, 4, HEADS, HEAD_WIDTH)
+    x = RNG.normal(size=shape).astype(np.float32)
+    before = run(model, x)[0]
+    fusions = fuse_for_runtime(model)
+    onnx.checker.check_model(model, full_check=True)
+    assert fusions.projections == 1 and ops(model) == ops_after, ops(model)
+    assert model.graph.node[-1].output[0] == "y"  # the output keeps its name
+    assert [init.name for init in model.graph.initializer if init.name == "w"] == []  # stored [K, N], once
+    after = run(model, x)[0]
+    assert after.shape == before.shape
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kind", "leading", "squeezed", "why"),
+    [
+        ("heads", [1, 0], None, "the output's leading dimensions are a transpose of the input's"),
+        ("heads", None, 3, "the Squeeze would remove a head dimension, not the trailing 1"),
+        ("merge", [1, 0], None, "the output's leading dimensions are a transpose of the input's"),
+    ],
+)
+def test_einsum_projection_left_where_the_nodes_compute_something_else(
+    kind: str, leading: list[int] | None, squeezed: int | None, why: str
+) -> None:
+    model = einsum_projection_graph(kind, leading, squeezed)
+    nodes = len(model.graph.node)
+    fusions = fuse_for_runtime(model)
+    assert (fusions.projections, len(model.graph.node)) == (0, nodes), why
+    assert ops(model)["Gemm"] == 1
+
+
 def test_exported_encoder_runs_fused_ops_within_float32_tolerance(saved_model, tmp_path: Path) -> None:
     """A real Keras encoder through tf2onnx: every Keras LayerNormalization is one op in the file, no
     Tensordot reshape is left, and the file still matches TensorFlow on inputs the export never saw."""
@@ -189,6 +296,7 @@ def test_exported_encoder_runs_fused_ops_within_float32_tolerance(saved_model, t
     assert keras_norms > 0 and counts["LayerNormalization"] == keras_norms
     assert counts["GlobalAveragePool"] == 0
     assert flattened_products(model) == 0
+    assert counts["Gemm"] == 0  # the attention's einsum projections, tf2onnx's 2-D Gemms, are 3-D MatMuls
     assert any("LayerNormalization" in note for note in report.notes), report.notes
     gpu = next(verdict for verdict in report.summary.runs_on if verdict.runtime == "onnxruntime-gpu")
     assert "TensorRT needs 8.6 or later for LayerNormalization" in gpu.why, gpu  # JetPack 5's 8.5 has none
