@@ -27,6 +27,7 @@ import numpy as np
 
 from pe_export.converters.onnx_block_int8 import block_int8_node, with_microsoft_domain
 from pe_export.converters.onnx_rewrites import folded_by_onnxruntime
+from pe_export.host import describe_host
 
 KERNELS = ("float32", "matmulinteger", "blocks")
 MINILM_SHAPES = Counter({(384, 384): 25, (384, 1536): 6, (1536, 384): 6})  # q, k, v, output ×6 and the pooler
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     shapes = weight_shapes(args.model) if args.model else MINILM_SHAPES
     if not shapes:
         raise SystemExit(f"{args.model}: no MatMul or Gemm by a constant 2-D weight: nothing to time")
+    print(f"host: {describe_host().line()}")
     print("\n".join(table(measure(shapes, args.tokens, args.runs), args.tokens)))
 
 

@@ -28,6 +28,7 @@ from real_weights import sentence_feeds, sentence_sets, timed_feed, worst_cosine
 
 from pe_export.api import export_onnx  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.host import describe_host  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.text_inputs import TextInputs  # noqa: E402
@@ -103,6 +104,7 @@ def main() -> None:
         f"one thread, {args.rounds} rounds x {args.runs} calls taking turns; held-out: worst of {len(held_out)} "
         "sentences the export never saw, pooled cosine against TensorFlow"
     )
+    print(f"host: {describe_host().line()}")
     print(
         f"{'quantize':<13} {'graph':<18} {'exit':>4} {'nodes':>6} {'file B':>12} {'held-out':>10} {'p50 ms':>7} "
         f"{'x as written':>12}"

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
 from pe_export.errors import PeExportError  # noqa: E402
+from pe_export.host import describe_host  # noqa: E402
 from pe_export.native import import_tensorflow  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.tables.pipeline import TableOptions  # noqa: E402
@@ -222,6 +223,7 @@ def main() -> None:
         f"sentences: {len(given)} given with --text, {len(held_out)} held out ({args.sentences}); p50 on one of "
         f"{timed['token_ids'].shape[1]} tokens, batch 1, one thread"
     )
+    print(f"host: {describe_host().line()}")
     print(
         f"{'format':<7} {'variant':<52} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
         f"{'p50 ms':>8} {'× fp32':>7}"

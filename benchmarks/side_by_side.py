@@ -12,7 +12,6 @@ uses, after 10 warm-up calls.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -29,6 +28,7 @@ from pe_export.api import export_onnx, export_tflite  # noqa: E402
 from pe_export.bench import time_calls  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
 from pe_export.encoders.variants import sinusoid_encoder  # noqa: E402
+from pe_export.host import describe_host  # noqa: E402
 from pe_export.native import capture_native_output, import_tensorflow  # noqa: E402
 from pe_export.runners import create_runner  # noqa: E402
 from pe_export.runners.savedmodel import SavedModelRunner  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> None:
     sinusoid_encoder(None).export(str(saved_model), verbose=False)
     feed = {"token_ids": np.random.default_rng(0).integers(1, 64, (1, args.seq_len)).astype(np.int32)}
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}; "
+        f"machine: {describe_host().line()}; "
         f"Python {platform.python_version()}; TFLite and ONNX Runtime one thread, TensorFlow its default pool; "
         f"batch 1, sequence {args.seq_len}"
     )

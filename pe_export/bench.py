@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from pe_export.constants import (
     MAX_WARMUP,
 )
 from pe_export.errors import BadInputError, check_range
+from pe_export.host import describe_host
 from pe_export.inputs import generate_inputs
 from pe_export.runners import create_runner, resolve_runtime, runner_options_for
 from pe_export.runtime_options import (
@@ -52,6 +53,7 @@ BENCH_SCHEMA = {
     "latency_ms": "p50, p90, p99, mean, std, min, max over the timed runs",
     "sequences_per_s / tokens_per_s": "batch / p50 and batch·seq_len / p50",
     "peak_rss_mb": "peak resident memory of the process (onnxruntime_perf_test: 'Peak working set')",
+    "host": "machine, cpus, CPU model and its int8 instructions (pe_export/host.py): int8 speed follows them",
 }
 
 
@@ -98,6 +100,7 @@ class BenchResult:
     sequences_per_s: float
     tokens_per_s: float
     peak_rss_mb: float
+    host: dict[str, Any] = field(default_factory=lambda: describe_host().to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pe_export.host import Host
+
 if TYPE_CHECKING:  # types only: formatting a parity report must not load numpy (parity/supervisor.py)
     from pe_export.bench import BenchResult
     from pe_export.demo import DemoResult
@@ -179,4 +181,5 @@ def format_bench(result: BenchResult) -> list[str]:
         f"std {lat['std']:.3f}  min {lat['min']:.3f}  max {lat['max']:.3f}",
         f"  throughput: {result.sequences_per_s:,.1f} sequences/s, {result.tokens_per_s:,.0f} tokens/s; "
         f"peak RSS {result.peak_rss_mb:.1f} MB",
+        f"  host: {Host.from_dict(result.host).line()}",
     ]

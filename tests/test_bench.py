@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 from pathlib import Path
 
 from pe_export.api import export_onnx, export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.encoders.tiny import FIXED_LEN, MAX_LEN
 from pe_export.errors import ExitCode
+from pe_export.host import INT8_FEATURES
 from tests.helpers import run_cli
 
 
@@ -37,6 +40,19 @@ def test_bench_writes_real_figures(capfd, saved_model, tmp_path: Path) -> None:
         assert figures["file_bytes"] == (tmp_path / name).stat().st_size and figures["runs"] == 30
         assert figures["tokens_per_s"] == figures["sequences_per_s"] * 32 and figures["peak_rss_mb"] > 10
         assert "latency ms: p50" in result.stdout
+        # the machine beside its figures: the CPU's int8 instructions, read here from the kernel's own list
+        host = figures["host"]
+        assert host["machine"] == platform.machine() and host["cpus"] == os.cpu_count()
+        assert set(host["int8_features"]) == set(INT8_FEATURES) & cpu_flags()
+        assert f"host: {host['model']} ({host['machine']}, {host['cpus']} cores); int8 instructions:" in result.stdout
+
+
+def cpu_flags() -> set[str]:
+    """The first processor's flags (x86) or features (ARM) in /proc/cpuinfo; empty where there is none."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    found = [line.split(":", 1)[1].split() for line in lines if line.split(":")[0].strip() in ("flags", "Features")]
+    return set(found[0]) if found else set()
 
 
 def test_targets_and_target_option(capfd, saved_model, tmp_path: Path) -> None:
