@@ -97,6 +97,9 @@ class _GraphView:
     def initializer_names(self) -> set[str]:
         return set(self._initializers)
 
+    def initializer(self, name: str) -> Any:
+        return self._initializers[name]
+
     def constant_value(self, name: str, depth: int = 8) -> np.ndarray | None:
         """``constant``, or the value of a chain of shape arithmetic and weight reshaping on constants (tf2onnx
         computes an einsum's weight shape from Constant nodes that only a runtime would fold), or None."""

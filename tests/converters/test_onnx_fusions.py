@@ -93,6 +93,7 @@ def tensordot_graph(indices: list[int] | None = None) -> onnx.ModelProto:
 
 
 HEADS, HEAD_WIDTH = 2, 3
+W_NK = RNG.normal(size=(HEADS * HEAD_WIDTH, HEADS * HEAD_WIDTH)).astype(np.float32)  # Gemm(transB=1)'s [N, K]
 
 
 def einsum_projection_graph(
@@ -105,7 +106,7 @@ def einsum_projection_graph(
     to Shape(s)[0, 1] + [N, 1, 1], Squeeze(3, 4) -> [B, T, N]. ``leading``: the Gather of Shape(s) (a transposed
     one is not the product's shape); ``squeezed``: a Squeeze axis other than the pattern's."""
     k = n = HEADS * HEAD_WIDTH
-    weight = numpy_helper.from_array(RNG.normal(size=(n, k)).astype(np.float32), "w")
+    weight = numpy_helper.from_array(W_NK, "w")
     initializers = [
         weight,
         numpy_helper.from_array(np.array(leading or [0, 1], np.int64), "leading_axes"),
@@ -256,7 +257,10 @@ def test_einsum_projection_becomes_one_matmul_that_computes_the_same(kind: str, 
     onnx.checker.check_model(model, full_check=True)
     assert fusions.projections == 1 and ops(model) == ops_after, ops(model)
     assert model.graph.node[-1].output[0] == "y"  # the output keeps its name
-    assert [init.name for init in model.graph.initializer if init.name == "w"] == []  # stored [K, N], once
+    weights = [init for init in model.graph.initializer if len(init.dims) == 2]
+    assert [(w.name, list(w.dims)) for w in weights] == [("w", [HEADS * HEAD_WIDTH] * 2)]  # one weight, [K, N]
+    (weight,) = weights
+    np.testing.assert_array_equal(numpy_helper.to_array(weight), W_NK.T)  # the Gemm's transB weight, transposed
     after = run(model, x)[0]
     assert after.shape == before.shape
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
