@@ -49,12 +49,14 @@ BLOCKS_NOTE = (
     "products; onnxruntime's com.microsoft op, 1.22 or later)"
 )
 # Said where the mixed search moved a MatMul to blocks: benchmarks/int8_kernels.py, onnxruntime 1.32, one thread,
-# all-MiniLM-L6-v2's weights at 14 tokens: MatMulNBits 1.13x float32's time on x86 with AVX-512 VNNI and AMX
-# (MatMulInteger 0.27x); the same file at 0.999 ran 0.67-0.74x fp32's p50 on an AVX2 host and 1.02-1.05x there
+# all-MiniLM-L6-v2's weights at 14 tokens: MatMulNBits 1.13x float32's time on a Xeon with AMX (MatMulInteger
+# 0.27x), 0.83x on an EPYC with AVX-512 VNNI (0.37x); the same file at 0.999 ran 0.67-0.74x fp32's p50 on an AVX2
+# host, 1.02-1.05x on the Xeon, 0.65-0.69x on the EPYC
 BLOCKS_SPEED_NOTE = (
-    "8-bit MatMulNBits' speed depends on the CPU (on x86 with AVX-512 VNNI it ran no faster than float32, "
-    "MatMulInteger at a quarter of it): measure the device with benchmarks/int8_kernels.py; --int8-kernel "
-    "matmulinteger keeps every product MatMulInteger and the weights it must float"
+    "8-bit MatMulNBits' speed depends on the CPU (on a Xeon with AMX it ran no faster than float32, on an EPYC with "
+    "AVX-512 VNNI at 0.83x of it; MatMulInteger at a quarter to a third): measure the device with "
+    "benchmarks/int8_kernels.py; --int8-kernel matmulinteger keeps every product MatMulInteger and the weights it "
+    "must float"
 )
 ESCALATED_TO = f"block-wise int8 (MatMulNBits: blocks of {BLOCK} channels; onnxruntime 1.22 or later)"
 QUANTIZED_OPS = ("MatMul", "Gather")  # what quantize_dynamic turns into integer kernels in tf2onnx graphs
