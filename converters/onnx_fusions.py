@@ -329,16 +329,22 @@ def _leading_dims_then(shape: str, x: str, rank: int, columns: int, view: _Graph
     node = _through_casts(shape, view)
     if node is None or node.op_type != "Concat" or len(node.input) != 2:
         return False
-    leading, last = _through_casts(node.input[0], view), view.constant(node.input[1])
-    if leading is None or leading.op_type != "Gather" or last is None or last.reshape(-1).tolist() != [columns]:
+    last = view.constant(node.input[1])
+    if last is None or last.reshape(-1).tolist() != [columns]:
         return False
-    if any(a.name == "axis" and a.i != 0 for a in leading.attribute):
-        return False
-    indices = view.constant(leading.input[1])
-    source = _through_casts(leading.input[0], view)
-    if indices is None or indices.reshape(-1).tolist() != list(range(rank - 1)):
-        return False
-    return source is not None and source.op_type == "Shape" and not source.attribute and source.input[0] == x
+    return shape_indices(node.input[0], x, view) == list(range(rank - 1))
+
+
+def shape_indices(name: str, source: str, view: _GraphView) -> list[int] | None:
+    """The dimensions of ``source`` that ``name`` holds, where it is a Gather (axis 0) of Shape(source) by
+    constant indices, through Casts between int32 and int64 (how tf2onnx spells a tensor's own dimensions)."""
+    gather = _through_casts(name, view)
+    if gather is None or gather.op_type != "Gather" or any(a.name == "axis" and a.i != 0 for a in gather.attribute):
+        return None
+    shape_of, indices = _through_casts(gather.input[0], view), view.constant_value(gather.input[1])
+    if shape_of is None or shape_of.op_type != "Shape" or shape_of.attribute or shape_of.input[0] != source:
+        return None
+    return None if indices is None else [int(i) for i in indices.reshape(-1)]
 
 
 def _through_casts(name: str, view: _GraphView) -> Any | None:

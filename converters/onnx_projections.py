@@ -139,7 +139,7 @@ def _projection_at(
 def _rows_by(shape: str, source: str, inner: int, view: _GraphView) -> bool:
     """Whether ``shape`` is [-1, inner]: a constant, or tf2onnx's Concat([-1], ReduceProd(Gather(Shape(source),
     its trailing axes))), which the Gemm reading the result only runs with where that product is ``inner``."""
-    from pe_export.converters.onnx_fusions import _through_casts
+    from pe_export.converters.onnx_fusions import _through_casts, shape_indices
 
     constant = view.constant_value(shape)
     if constant is not None:
@@ -150,33 +150,21 @@ def _rows_by(shape: str, source: str, inner: int, view: _GraphView) -> bool:
     first, product = view.constant_value(concat.input[0]), _through_casts(concat.input[1], view)
     if first is None or first.reshape(-1).tolist() != [-1] or product is None or product.op_type != "ReduceProd":
         return False
-    gather = _through_casts(product.input[0], view)
-    if gather is None or gather.op_type != "Gather" or any(a.name == "axis" and a.i != 0 for a in gather.attribute):
+    rank, axes = view.ranks.get(source), shape_indices(product.input[0], source, view)
+    if rank is None or not axes:
         return False
-    shape_of, axes = _through_casts(gather.input[0], view), view.constant_value(gather.input[1])
-    rank = view.ranks.get(source)
-    if shape_of is None or shape_of.op_type != "Shape" or shape_of.attribute or shape_of.input[0] != source:
-        return False
-    if rank is None or axes is None or not axes.size:
-        return False
-    return bool(axes.reshape(-1).tolist() == list(range(rank - axes.size, rank)))
+    return axes == list(range(rank - len(axes), rank))
 
 
 def _leading_then_constants(shape: str, source: str, view: _GraphView) -> tuple[int, list[int]] | None:
     """(j, tail) where ``shape`` is Concat(Gather(Shape(source), [0..j-1]), constants…), or None."""
-    from pe_export.converters.onnx_fusions import _through_casts
+    from pe_export.converters.onnx_fusions import _through_casts, shape_indices
 
     concat = _through_casts(shape, view)
     if concat is None or concat.op_type != "Concat" or len(concat.input) < 2:
         return None
-    gather = _through_casts(concat.input[0], view)
-    if gather is None or gather.op_type != "Gather" or any(a.name == "axis" and a.i != 0 for a in gather.attribute):
-        return None
-    shape_of = _through_casts(gather.input[0], view)
-    indices = view.constant_value(gather.input[1])
-    if shape_of is None or shape_of.op_type != "Shape" or shape_of.attribute or shape_of.input[0] != source:
-        return None
-    if indices is None or indices.reshape(-1).tolist() != list(range(indices.size)):
+    indices = shape_indices(concat.input[0], source, view)
+    if not indices or indices != list(range(len(indices))):
         return None
     tail: list[int] = []
     for name in concat.input[1:]:
@@ -184,7 +172,7 @@ def _leading_then_constants(shape: str, source: str, view: _GraphView) -> tuple[
         if part is None or part.dtype.kind not in "iu" or (part.size and part.min() < 1):
             return None
         tail += [int(d) for d in part.reshape(-1)]
-    return int(indices.size), tail
+    return len(indices), tail
 
 
 def _squeeze_axes(squeeze: Any, view: _GraphView) -> list[int] | None:
