@@ -40,7 +40,7 @@ from pe_export.errors import (
     ParityError,
     PeExportError,
 )
-from pe_export.interrupts import Terminated, interruptible
+from pe_export.interrupts import Terminated, interruptible, received_interruption
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, GPU_PRECISIONS
 
@@ -706,8 +706,12 @@ def _run(args: list[str], verbose: bool) -> int:
     except PeExportError as err:
         if verbose:
             traceback.print_exc()
-        click.echo(f"error: {err}", err=True)
-        code = err.exit_code
+        interruption = received_interruption()
+        if interruption is not None:  # the error is the signal's doing (a killed child, a cut-off read)
+            code = _report_interruption(interruption)
+        else:
+            click.echo(f"error: {err}", err=True)
+            code = err.exit_code
     except click.exceptions.UsageError as err:
         command = err.ctx.command_path if err.ctx else "pe-export"
         click.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
@@ -720,7 +724,7 @@ def _run(args: list[str], verbose: bool) -> int:
         click.echo(f"error: {err.format_message()}", err=True)
         code = ExitCode.BAD_INPUT
     except Exception as err:
-        interruption = _interruption(err)
+        interruption = _interruption(err) or received_interruption()
         if interruption is not None:
             code = _report_interruption(interruption)
         else:  # a bug: one line, traceback with --verbose

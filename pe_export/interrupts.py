@@ -25,10 +25,22 @@ def _interrupt(signum: int, frame: object) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+def received_interruption() -> BaseException | None:
+    """The exception for the last signal received in the block (None if none came).
+
+    An error that ends a command after a signal came is reported as the interruption: a signal that lands
+    inside a C call can surface as that call's SystemError with the signal's exception not chained to it.
+    """
+    if not _received:
+        return None
+    return Terminated() if _received[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def raise_if_interrupted() -> None:
     """Raise the interruption a finalizer may have swallowed; called between the steps of long loops."""
-    if _received:
-        raise Terminated() if _received[-1] == signal.SIGTERM else KeyboardInterrupt()
+    interruption = received_interruption()
+    if interruption is not None:
+        raise interruption
 
 
 @contextmanager

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from pe_export.cli import Terminated, _interruption
-from pe_export.errors import ExitCode
+from pe_export.errors import ExitCode, PeExportError
 from tests.helpers import assert_one_line_error, run_cli
 
 
@@ -191,6 +194,27 @@ def test_signal_inside_a_c_call_is_an_interruption_not_a_bug(
     result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", "never.tflite")
     assert_one_line_error(result, code, f"interrupted ({said})" if code == 130 else f"terminated ({said})")
     assert _interruption(ValueError("a real bug")) is None
+
+
+@pytest.mark.parametrize(("sent", "code", "said"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+@pytest.mark.parametrize("raised", [SystemError, PeExportError])
+def test_an_error_after_a_signal_is_the_interruption_even_unchained(
+    capfd, saved_model, monkeypatch: pytest.MonkeyPatch, sent: int, code: int, said: str, raised: type[Exception]
+) -> None:
+    """CI once saw a SIGINT surface as numpy's SystemError with no KeyboardInterrupt chained to it (exit 6)."""
+    import pe_export.api
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        try:
+            os.kill(os.getpid(), sent)  # the CLI's handler raises here and records the signal
+            time.sleep(5)
+        except BaseException:
+            pass  # swallowed, as C code between the handler and Python can
+        raise raised("<built-in method __array__> returned a result with an exception set")  # nothing chained
+
+    monkeypatch.setattr(pe_export.api, "export_tflite", interrupted)
+    result = run_cli(capfd, "tflite", saved_model("encoder_dynamic"), "-o", "never.tflite")
+    assert_one_line_error(result, code, f"interrupted ({said})" if code == 130 else f"terminated ({said})")
 
 
 def test_keep_int16_that_names_no_activation_is_refused_with_names_that_would(
