@@ -12,7 +12,8 @@ converter, the same tensor names) as the source of the float weights and activat
   W's input columns times s, requantized per output channel; α per input tensor from a grid, by a
   simulation of the hybrid kernel's per-row quantization on the captured activations;
 - keep-float: a hybrid kernel also takes a float32 weight and then runs as a float kernel; an int8
-  table read by GATHER then DEQUANTIZE is gathered in float32 straight into the DEQUANTIZE's output.
+  table read by GATHER then DEQUANTIZE is gathered in float32 straight into the DEQUANTIZE's output;
+- groups (``tflite_groups``): an FC as one hybrid FC per group of input channels, a step per group.
 
 Measured on all-MiniLM-L6-v2, worst of 8 real sentences' pooled cosine: 0.99838 as the converter
 writes it; 0.99892 smoothed, every weight int8; 0.99914 asked for 0.999 (3 of 38 weights float).
@@ -26,6 +27,7 @@ import tempfile
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,15 @@ from pe_export.converters.smoothing import (
     symmetric_int8,
     thinned,
 )
+from pe_export.converters.tflite_groups import (
+    ESCALATED_TO,
+    STEP_BYTES,
+    GroupedFC,
+    group_count,
+    split_into_groups,
+)
 from pe_export.converters.tflite_objects import add_buffer, opcode_index
+from pe_export.errors import ParityError
 from pe_export.parity.tolerances import Tolerance
 from pe_export.provenance import pack_tflite
 
@@ -216,11 +226,22 @@ class DynamicRangeFile:
 
     # -- keep float --------------------------------------------------------------------------------
 
-    def build(self, kept: list[str]) -> bytes:
+    def groupable(self) -> list[str]:
+        """The weights whose FULLY_CONNECTED can be computed in groups of input channels (``tflite_groups``)."""
+        return [
+            name
+            for name, weight in self.weights.items()
+            if weight.op_name == "FULLY_CONNECTED"
+            and weight.values.ndim == 2
+            and group_count(weight.values.shape[1]) > 1
+        ]
+
+    def build(self, kept: list[str], grouped: list[str] | tuple[str, ...] = ()) -> bytes:
         """The file with the ``kept`` weights float: stored in float16, a DEQUANTIZE to float32 before the op
         that reads them (as the converter's float16 mode writes weights: the runtime dequantizes a constant
         once), the op then a float one (a table's GATHER writes the float rows straight into what its rows'
-        DEQUANTIZE wrote). The objects are left as they were."""
+        DEQUANTIZE wrote); the ``grouped`` ones' FCs in groups of input channels (``tflite_groups``). The objects
+        are left as they were."""
         graph = self.model.subgraphs[0]
         saved = []
         kept_lists = (
@@ -241,6 +262,8 @@ class DynamicRangeFile:
             if weight.dequantize is not None:
                 op.outputs = list(weight.dequantize.outputs)
                 graph.operators.remove(weight.dequantize)
+        groups = [self.weights[name] for name in grouped if name not in set(kept)]
+        split_into_groups(self.model, [GroupedFC(w.op, int(w.op.inputs[WEIGHT_INPUT]), w.values) for w in groups])
         try:
             return pack_tflite(self.model, self._bytes)
         finally:
@@ -294,9 +317,11 @@ def int8_to_target(
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
 ) -> KeepFloatOutcome:
-    """The dynamic-range file, smoothed, with the fewest weights in float32 that meets ``tolerance``
-    against the float32 file on ``feeds``, those ``keep`` names (--keep-float) float in every candidate; each
-    candidate run in the installed TFLite runtime."""
+    """The dynamic-range file, smoothed, that meets ``tolerance`` against the float32 file on ``feeds`` with the
+    fewest weights escalated, those ``keep`` names (--keep-float) float in every candidate; each candidate run in
+    the installed TFLite runtime. The search first moves FCs to groups of input channels (``tflite_groups``: int8
+    bytes, a fraction of float's time) and tables to float; where even every FC in groups misses, it keeps the
+    fewest weights float in the file with every other FC in groups."""
     edited = DynamicRangeFile(quantized, float_file)
     asked = resolve_asked(keep, list(edited.weights))
     # No single-row copies of the batches (onnxruntime needs them): the hybrid kernels quantize each row
@@ -309,20 +334,60 @@ def int8_to_target(
         smoothing = edited.smooth(_captured(capturing, names, feeds, masks, folder, rows_alone))
         del capturing
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
-        outcome = keep_float_to_target(
+        search = partial(
+            keep_float_to_target,
             list(edited.weights),
             sizes,
-            edited.build,
-            lambda data, f: run_candidates(data, f, folder),
-            Judging(feeds, masks, expected, rows_alone, sequence_outputs),
-            tolerance,
-            {name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
-            asked,
+            run=lambda data, f: run_candidates(data, f, folder),
+            judging=Judging(feeds, masks, expected, rows_alone, sequence_outputs),
+            tolerance=tolerance,
+            kinds={name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
+            asked=asked,
+        )
+        steps = [smoothing.note()] if smoothing.smoothed else []
+        groupable = [name for name in edited.groupable() if name not in set(asked)]
+        if groupable:
+            try:  # the weights the search keeps go to groups of input channels (a table goes float)
+                outcome = search(
+                    build=lambda kept: edited.build(
+                        [n for n in kept if n not in set(groupable)], [n for n in kept if n in set(groupable)]
+                    ),
+                    kept_bytes=1,
+                    escalated_to=ESCALATED_TO,
+                )
+            except ParityError:  # even every FC in groups misses: float on top of the file with every FC grouped
+                steps.append(f"every FULLY_CONNECTED as {ESCALATED_TO}, which alone missed the target")
+            else:
+                outcome.steps = steps
+                outcome.float_bytes = _escalated_bytes(edited, outcome)
+                return outcome
+        outcome = search(
+            build=lambda kept: edited.build(kept, [n for n in groupable if n not in set(kept)]),
             kept_bytes=2,  # DynamicRangeFile.build: kept weights in float16 storage
         )
-    if smoothing.smoothed:
-        outcome.steps.append(smoothing.note())
+    outcome.steps = steps
+    outcome.float_bytes += sum(_group_step_bytes(edited, name) for name in groupable if name not in outcome.kept_float)
     return outcome
+
+
+def _group_step_bytes(edited: DynamicRangeFile, name: str) -> int:
+    """What a weight's group steps add over its per-channel ones (``tflite_groups.split_into_groups``)."""
+    outputs, inputs = edited.weights[name].values.shape
+    return STEP_BYTES * outputs * (group_count(inputs) - 1)
+
+
+def _escalated_bytes(edited: DynamicRangeFile, outcome: KeepFloatOutcome) -> int:
+    """What the weights the grouped search kept cost over int8: an FC's group steps, a table's float16 values
+    (2 B against int8's 1), an asked weight's float16 values."""
+    grouped = set(edited.groupable()) - set(outcome.asked)
+    total = 0
+    for name in outcome.kept_float:
+        values = edited.weights[name].values
+        if name in grouped:
+            total += _group_step_bytes(edited, name)
+        else:
+            total += values.size
+    return total
 
 
 def batch_is_dynamic(model: Any) -> bool:

@@ -1,0 +1,190 @@
+"""TFLite FCs in groups of input channels: what the file computes (against an emulation in numpy of the hybrid
+kernel's per-row quantization), what it costs, and the dynamic-int8 search that moves weights to groups first."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pe_export.parity.tolerances import Tolerance
+
+WIDTH, OUTPUTS, SIDE = 192, 96, 32  # x: 4 groups of 48 input channels; relu(x·W): 2
+
+
+@pytest.mark.parametrize(
+    ("inputs", "groups"), [(384, 8), (1536, 32), (768, 16), (1024, 16), (100, 2), (96, 2), (64, 1), (48, 1)]
+)
+def test_group_count_takes_the_narrowest_equal_width_of_48_or_more(inputs: int, groups: int) -> None:
+    from pe_export.converters.tflite_groups import group_count
+
+    assert group_count(inputs) == groups
+
+
+@pytest.fixture(scope="module")
+def wide_files() -> tuple[bytes, bytes]:
+    """(float32 file, the converter's dynamic-range file) of z = x·W2, u = relu(x·W)·V, x 192 channels wide."""
+    from pe_export.native import import_tensorflow
+
+    tf = import_tensorflow()
+    rng = np.random.default_rng(11)
+    shapes = ((WIDTH, OUTPUTS), (OUTPUTS, OUTPUTS), (WIDTH, SIDE))
+    w, v, w2 = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in shapes)
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, WIDTH], tf.float32, name="x")])
+        def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"z": tf.matmul(x, w2), "u": tf.matmul(tf.nn.relu(tf.matmul(x, w)), v)}
+
+    model = Model()
+    files = []
+    for quantize in (False, True):
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([model.__call__.get_concrete_function()], model)
+        if quantize:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        files.append(converter.convert())
+    return files[0], files[1]
+
+
+def group_feeds(seed: int) -> list[dict[str, np.ndarray]]:
+    """Rows with one loud group of channels, a different one row by row (as a trained encoder's massive activations
+    sit at some tokens only): one range per row is set by the loud group and the quiet ones lose their precision,
+    and smoothing, one scale per channel for every row, cannot tell the rows apart."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(4):
+        x = rng.normal(size=(12, WIDTH)).astype(np.float32)
+        for row, loud in enumerate(rng.integers(0, 4, size=12)):
+            x[row, loud * (WIDTH // 4) : (loud + 1) * (WIDTH // 4)] *= 40.0
+        feeds.append({"x": x})
+    return feeds
+
+
+def run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
+    from pe_export.converters.tflite_int8 import run_candidates
+
+    return run_candidates(data, feeds, folder)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.square(got - want).sum() / np.square(want).sum())
+
+
+def emulated(x: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray:
+    """x·Wᵀ as the grouped file computes it, in numpy: per group, the rows int8 over each row's range (asymmetric,
+    255 levels) and the weight's columns int8 symmetric with a step per output channel."""
+    from pe_export.converters.smoothing import per_channel_int8, range_quantized
+
+    width = x.shape[1] // groups
+    total = np.zeros((x.shape[0], weight.shape[0]), np.float64)
+    for group in range(groups):
+        part = slice(group * width, (group + 1) * width)
+        total += range_quantized(x[:, part], 255, axis=1) @ per_channel_int8(weight[:, part].T)
+    return total.astype(np.float32)
+
+
+def test_a_grouped_fc_computes_the_emulated_groups_at_int8_bytes(wide_files: tuple[bytes, bytes], tmp_path: Path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    from pe_export.converters.tflite_int8 import DynamicRangeFile
+
+    float_file, quantized = wide_files
+    edited = DynamicRangeFile(quantized, float_file)
+    untouched = edited.build([])
+    wide = edited.groupable()
+    shapes = sorted(edited.weights[n].values.shape for n in wide)
+    assert shapes == [(SIDE, WIDTH), (OUTPUTS, OUTPUTS), (OUTPUTS, WIDTH)], shapes
+    (side,) = [n for n in wide if edited.weights[n].values.shape == (SIDE, WIDTH)]
+    grouped = edited.build([], wide)
+    assert edited.build([]) == untouched  # build leaves the objects as they were
+    ops = Counter(op["op_name"] for op in Interpreter(model_content=grouped)._get_ops_details())
+    plain = Counter(op["op_name"] for op in Interpreter(model_content=untouched)._get_ops_details())
+    assert ops["SPLIT"] == 2  # x once for both its FCs (4 groups each), relu(x·W) once (2 groups)
+    assert ops["FULLY_CONNECTED"] == plain["FULLY_CONNECTED"] + 7 and ops["ADD"] == plain["ADD"] + 7
+    # a step (float32 scale, int64 zero point) per group and output, and the ops' and tensors' entries; the whole
+    # weights are gone (kept beside their groups, they would add their int8 bytes)
+    steps, values = 12 * ((OUTPUTS + SIDE) * 3 + OUTPUTS), (WIDTH + OUTPUTS) * OUTPUTS + WIDTH * SIDE
+    assert steps <= len(grouped) - len(untouched) < steps + values / 2, (len(grouped), len(untouched))
+
+    feeds = group_feeds(3)
+    reference = run(float_file, feeds, tmp_path)
+    got, whole = run(grouped, feeds, tmp_path), run(untouched, feeds, tmp_path)
+    weight = edited.weights[side].values
+    for feed, want, mine, one_range in zip(feeds, reference, got, whole, strict=True):
+        exact = emulated(feed["x"], weight, 4)
+        # the runtime computes the emulation (up to its rounding of ties and float sums) …
+        assert relative_error(mine["z"], exact) < 0.01 * relative_error(mine["z"], want["z"])
+        # … which is nearer float32 than one range per row is (the loud group's own rounding is what is left)
+        assert relative_error(mine["z"], want["z"]) < 0.5 * relative_error(one_range["z"], want["z"])
+
+
+def by_cosine(min_cosine: float) -> Tolerance:
+    return Tolerance(atol=1e9, rtol=1e9, min_cosine=min_cosine)  # judged by the cosine alone
+
+
+def worst_cosine(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> float:
+    """The search's own score (``feed_score``), each row alone as it judges a dynamic batch, worst of all."""
+    from pe_export.converters.keep_float import feed_score
+
+    return min(
+        feed_score({k: v[i : i + 1] for k, v in g.items()}, {k: v[i : i + 1] for k, v in w.items()}, None, by_cosine(0),
+                   None)[1]
+        for g, w in zip(got, want, strict=True)
+        for i in range(next(iter(w.values())).shape[0])
+    )  # fmt: skip
+
+
+def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    """A target that every weight int8 misses and groups meet: the wide FC goes to groups, nothing float; a target
+    groups miss too: weights kept float in the file with every other FC grouped, and the note says so."""
+    from pe_export.converters.tflite_groups import ESCALATED_TO
+    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured, int8_to_target
+
+    float_file, quantized = wide_files
+    feeds = group_feeds(5)
+    masks: list[np.ndarray | None] = [None] * len(feeds)
+    reference = run(float_file, feeds, tmp_path)
+    # the files the search starts from, smoothed as it smooths them: every weight int8, and the wide FC in groups
+    edited = DynamicRangeFile(quantized, float_file)
+    capturing, names = edited.capturing(list(edited.smoothable()))
+    edited.smooth(_captured(capturing, names, feeds, masks, tmp_path, rows_alone=True))
+    wide = edited.groupable()
+    int8 = worst_cosine(run(edited.build([]), feeds, tmp_path), reference)
+    grouped = worst_cosine(run(edited.build([], wide), feeds, tmp_path), reference)
+    print(f"worst cosine: every weight int8 {int8:.6f}, the wide FC in groups {grouped:.6f}")
+    assert 1 - grouped < 0.5 * (1 - int8)
+
+    between = (int8 + grouped) / 2
+    outcome = int8_to_target(quantized, float_file, feeds, masks, by_cosine(between))
+    kept = outcome.kept_float
+    assert outcome.passed and outcome.cosine >= between and outcome.escalated_to == ESCALATED_TO
+    assert kept and set(kept) <= set(wide) and outcome.record("int8 weights")["kept_as"] == ESCALATED_TO
+    note = outcome.notes("int8 weights")[0]
+    steps = sum(  # nothing float: the group steps alone
+        12 * edited.weights[n].values.shape[0] * (edited.weights[n].values.shape[1] // 48 - 1) for n in kept
+    )
+    assert f"{len(kept)} of 3 int8 weights kept in {ESCALATED_TO}, " in note and f"+{steps:,} B over int8" in note
+    assert Counter(op["op_name"] for op in _ops(outcome.model))["SPLIT"] >= 1
+
+    # a target groups miss and one weight kept float (the rest in groups) meets
+    single = max(
+        worst_cosine(run(edited.build([n], [m for m in wide if m != n]), feeds, tmp_path), reference) for n in wide
+    )
+    assert single > grouped
+    beyond = (grouped + single) / 2
+    strict = int8_to_target(quantized, float_file, feeds, masks, by_cosine(beyond))
+    assert strict.passed and 1 <= len(strict.kept_float) < len(wide) and strict.cosine >= beyond
+    assert not strict.escalated_to and strict.record("int8 weights")["kept_as"] == "float"
+    note = strict.notes("int8 weights")[0]
+    assert f"every FULLY_CONNECTED as {ESCALATED_TO}, which alone missed the target" in note, note
+    assert "kept in float (float16 storage, float32 arithmetic)" in note
+    splits = Counter(op["op_name"] for op in _ops(strict.model))["SPLIT"]
+    assert (splits == 0) == (set(wide) <= set(strict.kept_float)), (splits, strict.kept_float)
+
+
+def _ops(data: bytes) -> list[dict]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return Interpreter(model_content=data)._get_ops_details()
