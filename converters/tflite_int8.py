@@ -320,7 +320,7 @@ def int8_to_target(
     """The dynamic-range file, smoothed, that meets ``tolerance`` against the float32 file on ``feeds`` with the
     fewest weights escalated, those ``keep`` names (--keep-float) float in every candidate; each candidate run in
     the installed TFLite runtime. The search first moves FCs to groups of input channels (``tflite_groups``: int8
-    bytes, a fraction of float's time) and tables to float; where even every FC in groups misses, it keeps the
+    bytes, a fraction of float's time), the other weights int8; where even every FC in groups misses, it keeps the
     fewest weights float in the file with every other FC in groups."""
     edited = DynamicRangeFile(quantized, float_file)
     asked = resolve_asked(keep, list(edited.weights))
@@ -336,8 +336,7 @@ def int8_to_target(
         sizes = {name: weight.values.size * 4 for name, weight in edited.weights.items()}
         search = partial(
             keep_float_to_target,
-            list(edited.weights),
-            sizes,
+            sizes=sizes,
             run=lambda data, f: run_candidates(data, f, folder),
             judging=Judging(feeds, masks, expected, rows_alone, sequence_outputs),
             tolerance=tolerance,
@@ -347,8 +346,9 @@ def int8_to_target(
         steps = [smoothing.note()] if smoothing.smoothed else []
         groupable = [name for name in edited.groupable() if name not in set(asked)]
         if groupable:
-            try:  # the weights the search keeps go to groups of input channels (a table goes float)
+            try:  # the FCs the search keeps go to groups of input channels; the other weights stay int8
                 outcome = search(
+                    groupable,
                     build=lambda kept: edited.build(
                         [n for n in kept if n not in set(groupable)], [n for n in kept if n in set(groupable)]
                     ),
@@ -362,6 +362,7 @@ def int8_to_target(
                 outcome.float_bytes = _escalated_bytes(edited, outcome)
                 return outcome
         outcome = search(
+            list(edited.weights),
             build=lambda kept: edited.build(kept, [n for n in groupable if n not in set(kept)]),
             kept_bytes=2,  # DynamicRangeFile.build: kept weights in float16 storage
         )
@@ -377,8 +378,8 @@ def _group_step_bytes(edited: DynamicRangeFile, name: str) -> int:
 
 
 def _escalated_bytes(edited: DynamicRangeFile, outcome: KeepFloatOutcome) -> int:
-    """What the weights the grouped search kept cost over int8: an FC's group steps, a table's float16 values
-    (2 B against int8's 1), an asked weight's float16 values."""
+    """What the weights the grouped search kept cost over int8: an FC's group steps, an asked weight's float16
+    values (2 B against int8's 1)."""
     grouped = set(edited.groupable()) - set(outcome.asked)
     total = 0
     for name in outcome.kept_float:

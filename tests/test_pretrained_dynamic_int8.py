@@ -83,5 +83,22 @@ def test_dynamic_int8_at_0999_holds_on_sentences_it_never_saw(
             kept = {name for name in search["kept_float"] if "Gather" not in name} - set(search["asked"])
             assert kept <= {node.name for node in written.graph.node if node.op_type == "MatMulNBits"}
             assert "8-bit MatMulNBits' speed depends on the CPU" in out and "benchmarks/int8_kernels.py" in out
+    else:  # TFLite moves FCs to groups of input channels before it keeps any float: most products stay int8
+        int8, total = _int8_fully_connected(output)
+        kept_float = len(search["kept_float"]) if search["kept_as"] == "float" else len(search["asked"])
+        assert int8 >= total - kept_float and kept_float < 0.5 * search["candidates"], (int8, total, search)
+        if search["kept_as"] == "float":  # groups alone missed: every other FC is in groups
+            assert "which alone missed the target" in out and int8 > search["candidates"], (int8, search)
     # The same held-out figure measured apart from the gate (one sentence per call, unpadded).
     assert independent_held_out_cosine(output, saved, tokenizer) >= TARGET
+
+
+def _int8_fully_connected(path: Path) -> tuple[int, int]:
+    """(FULLY_CONNECTED ops whose weight is int8, all FULLY_CONNECTED ops) of a TFLite file; a group is one op."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    details = {d["index"]: d for d in interpreter.get_tensor_details()}
+    fcs = [op for op in interpreter._get_ops_details() if op["op_name"] == "FULLY_CONNECTED"]
+    int8 = sum(1 for op in fcs if details[op["inputs"][1]]["dtype"] == np.int8)
+    return int8, len(fcs)

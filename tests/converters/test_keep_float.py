@@ -66,9 +66,10 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     strict = export(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=target))
     note = next(n for n in strict.notes if n.startswith("int8:"))
     print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
-    # ONNX (--int8-kernel mixed, the default): kept block-wise int8, or float where that could not meet it
-    found = re.search(rf"(\d+) of (\d+) {what} kept in (float|block-wise int8).*; (\d+) quantized files tried, "
-                      r"(\d+) on every", note)  # fmt: skip
+    # ONNX (--int8-kernel mixed, the default): kept block-wise int8, or float where that could not meet it; TFLite:
+    # kept FCs in groups of input channels, or float on top of every FC in groups
+    kinds = "float|block-wise int8|int8 in groups"
+    found = re.search(rf"(\d+) of (\d+) {what} kept in ({kinds}).*; (\d+) quantized files tried, (\d+) on every", note)
     assert found, note
     kept, candidates, files, verdicts = (int(g) for g in found.groups()[:2] + found.groups()[3:])
     if file_format == "onnx":  # the file written holds what the note says
@@ -79,6 +80,12 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
         assert blocked == (kept_matmuls if escalated else set()) and (blocked or not escalated), blocked
         assert strict.searches[0]["kept_as"].startswith("block-wise" if escalated else "float")
         assert ("8-bit MatMulNBits' speed depends on the CPU" in note) == bool(blocked), note  # said where it is so
+    else:  # kept FCs in groups: each one's SPLIT is in the file (float on top of groups: the rest are)
+        from ai_edge_litert.interpreter import Interpreter
+
+        splits = [op for op in Interpreter(model_path=str(output))._get_ops_details() if op["op_name"] == "SPLIT"]
+        grouped = found[3] == "int8 in groups" or "which alone missed the target" in note
+        assert bool(splits) == grouped or not output.exists(), (len(splits), note)
     assert chosen_cosine(strict.notes) >= target and 1 <= kept < candidates and candidates >= 6 * LAYERS
     assert_judged_on_the_held_out_part(strict, target, output)
     # all-int8, one per place (6 in the block, the rest alone), then the bisections over the ranking on the probe
