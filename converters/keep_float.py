@@ -69,6 +69,8 @@ class KeepFloatOutcome:
     # searches whose choice this one started from (static int8: the weights kept float16 before the activations
     # were chosen); their notes and records come first
     before: list[KeepFloatOutcome] = field(default_factory=list)
+    # what the ranking divides each place's cost by: the weight's bytes, or a format's own unit (``rank_costs``)
+    ranked_per: str = "weight byte"
 
     def record(self, what: str) -> dict[str, Any]:
         """What the search did, for the export's --json: its verdict, and each candidate weight ranked as the
@@ -97,7 +99,7 @@ class KeepFloatOutcome:
                 for name in ranked
             ],
             "ranking_note": (
-                "most accuracy per weight byte first, measured one place of the repeated block at a time"
+                f"most accuracy per {self.ranked_per} first, measured one place of the repeated block at a time"
                 if ranked
                 else "not measured: every candidate quantized met the target"
             ),
@@ -127,7 +129,7 @@ class KeepFloatOutcome:
         return [
             f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in "
             f"{searched_as}{'' if self.escalated_to else stored}, "
-            f"the most sensitive per weight byte first ({names}; +{self.float_bytes:,} B over {self.mode}; "
+            f"the most sensitive per {self.ranked_per} first ({names}; +{self.float_bytes:,} B over {self.mode}; "
             f"{self.runs} {files} files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} "
             f"against the float model {CHOSEN_ON}, which {verdict} the target"
         ]
@@ -208,10 +210,12 @@ def keep_float_to_target(
     kept_bytes: int = 4,
     escalated_to: str = "",
     costs_over_escalated: bool = False,
+    rank_costs: tuple[str, dict[str, int]] | None = None,
 ) -> KeepFloatOutcome:
     """The quantized model with the fewest weights in float that meets ``tolerance`` against the float
     model on ``judging``; every weight in float when nothing else does. ``candidates`` are in graph order;
-    ``kinds`` gives each one's op and shape (``repeated_places``).
+    ``kinds`` gives each one's op and shape (``repeated_places``). The ranking is by measured cost per weight byte, or
+    per the unit ``rank_costs`` names (its name, each candidate's count of it) where escalating costs something else.
 
     A verdict is on every unit (``Judging.units``: each row alone where rows compute alone, as a device runs
     batch 1; else each feed, the batches' rows among them as feeds of their own) and costly (BERT-base: 8 rows
@@ -276,8 +280,8 @@ def keep_float_to_target(
     outcome.sensitivity = _place_costs(candidates, kinds, lambda kept: judge(kept, probe)[1], baseline)
     # Keep float first where it buys the most accuracy per byte: a 47 MB embedding table kept float
     # costs what a dozen feed-forward kernels do.
-    ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(sizes.get(n, 1), 1))
-    outcome.ranked = ranked
+    outcome.ranked_per, costs = rank_costs or ("weight byte", sizes)  # what escalating one costs, in that unit
+    outcome.ranked = ranked = sorted(candidates, key=lambda n: -outcome.sensitivity[n] / max(costs.get(n, 1), 1))
     low, chosen = 0, None
     while chosen is None:
         count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])

@@ -88,9 +88,10 @@ def convert_tflite(
                 data, float_file, feeds, masks, options.tolerance, sequence, keep=options.keep_float
             )
             data = outcome.model
-            notes = [*notes, *outcome.notes("int8 weights")]
-            if searches is not None:
-                searches.append(outcome.record("int8 weights"))
+            for step in [*outcome.before, outcome]:  # the weights kept float before the groups were cut back
+                notes = [*notes, *step.notes("int8 weights")]
+                if searches is not None:
+                    searches.append(step.record("int8 weights"))
     return data, log, notes
 
 

@@ -55,7 +55,7 @@ def split_into_groups(model: Any, fcs: list[GroupedFC], width: int = GROUP_WIDTH
     from tensorflow.lite.python import schema_py_generated as schema
 
     graph = model.subgraphs[0]
-    axis = _constant(model, "pe_export/groups/axis", np.array(-1, np.int32), schema.TensorType.INT32)
+    axis = _constant(model, "pe_export_groups_axis", np.array(-1, np.int32), schema.TensorType.INT32)
     slices: dict[tuple[int, int], list[int]] = {}
     added = 0
     for fc in sorted(fcs, key=lambda f: graph.operators.index(f.op)):

@@ -175,13 +175,21 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     assert single > grouped
     beyond = (grouped + single) / 2
     strict = int8_to_target(quantized, float_file, feeds, masks, by_cosine(beyond))
-    assert strict.passed and 1 <= len(strict.kept_float) < len(wide) and strict.cosine >= beyond
-    assert not strict.escalated_to and strict.record("int8 weights")["kept_as"] == "float"
-    note = strict.notes("int8 weights")[0]
-    assert f"every FULLY_CONNECTED as {ESCALATED_TO}, which alone missed the target" in note, note
+    assert strict.passed and strict.cosine >= beyond
+    # float first, chosen with every other FC in groups; then the groups cut back to those the target needs
+    floated, grouped_now = (strict.before[0], strict.kept_float) if strict.before else (strict, [])
+    assert floated.passed and 1 <= len(floated.kept_float) < len(wide) and not floated.escalated_to
+    assert floated.record("int8 weights")["kept_as"] == "float" and not set(grouped_now) & set(floated.kept_float)
+    note = floated.notes("int8 weights")[0]
+    assert f"every FULLY_CONNECTED as {ESCALATED_TO} missed the target" in note, note
     assert "kept in float (float16 storage, float32 arithmetic)" in note
+    if strict.before:
+        assert strict.escalated_to == ESCALATED_TO and set(grouped_now) <= set(wide) - set(floated.kept_float)
+        assert strict.candidates == len(wide) - len(floated.kept_float)
     splits = Counter(op["op_name"] for op in _ops(strict.model))["SPLIT"]
-    assert (splits == 0) == (set(wide) <= set(strict.kept_float)), (splits, strict.kept_float)
+    assert (splits == 0) == (not grouped_now), (splits, grouped_now)
+    kept_float = Counter(op["op_name"] for op in _ops(strict.model))["DEQUANTIZE"]
+    assert kept_float == len(floated.kept_float)  # each float weight's DEQUANTIZE from float16
 
 
 def _ops(data: bytes) -> list[dict]:
