@@ -9,8 +9,8 @@ ops only, at int8 bytes.
 Measured on all-MiniLM-L6-v2 (48 varied sentences chosen on, 32 others held out, worst pooled cosine; p50 on 14
 tokens, one thread, LiteRT with XNNPACK on an EPYC with AVX-512 VNNI, float32 4.1-4.5 ms): every weight int8 as
 the converter groups them (one group) 0.99628 at 1.16 ms; groups of 96 channels 0.99865 at 1.5-1.8 ms; of 48
-0.99905 at 2.3-2.5 ms; eight groups whatever the width 0.99859 at 1.8 ms. The search (``tflite_int8``) moves the
-weights that cost the most accuracy to groups before it keeps any float.
+0.99905 at 1.9-2.5 ms; eight groups whatever the width 0.99859 at 1.8 ms. The search (``tflite_int8``) moves the
+FCs that cost the most accuracy to groups before it keeps any weight float, and cuts the groups back after.
 """
 
 from __future__ import annotations
