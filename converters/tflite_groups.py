@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.smoothing import symmetric_int8
-from pe_export.converters.tflite_objects import add_buffer, opcode_index
+from pe_export.converters.tflite_objects import add_constant, add_like, new_op, per_output_channel_int8
 
 GROUP_WIDTH = 48  # input channels per group at least: the narrowest that reached 0.999 held out (above)
 STEP_BYTES = 12  # a step in the file: its float32 scale and its int64 zero point
@@ -47,19 +46,22 @@ class GroupedFC:
     values: np.ndarray
 
 
-def split_into_groups(model: Any, fcs: list[GroupedFC], width: int = GROUP_WIDTH) -> int:
+def step_bytes(outputs: int, inputs: int, width: int = GROUP_WIDTH) -> int:
+    """What an FC's group steps add to the file over its per-channel ones."""
+    return STEP_BYTES * outputs * (group_count(inputs, width) - 1)
+
+
+def split_into_groups(model: Any, fcs: list[GroupedFC], width: int = GROUP_WIDTH) -> None:
     """In place on ``model`` (flatbuffer objects): each FC of ``fcs`` replaced by its groups, which write its output
     tensor; FCs that read the same input share its SPLIT. The old weights' buffers are replaced by empty ones in
-    ``model.buffers`` (the buffer objects themselves are left as they were, for a caller that restores the lists).
-    Returns the bytes the group steps add over the per-channel ones."""
+    ``model.buffers`` (the buffer objects themselves are left as they were, for a caller that restores the lists)."""
     from tensorflow.lite.python import schema_py_generated as schema
 
     graph = model.subgraphs[0]
-    axis = _constant(model, "pe_export_groups_axis", np.array(-1, np.int32), schema.TensorType.INT32)
+    axis = add_constant(model, "pe_export_groups_axis", np.array(-1, np.int32), schema.TensorType.INT32)
     slices: dict[tuple[int, int], list[int]] = {}
-    added = 0
     for fc in sorted(fcs, key=lambda f: graph.operators.index(f.op)):
-        outputs, inputs = fc.values.shape
+        inputs = fc.values.shape[1]
         groups = group_count(inputs, width)
         if groups < 2:
             continue
@@ -76,7 +78,7 @@ def split_into_groups(model: Any, fcs: list[GroupedFC], width: int = GROUP_WIDTH
         for group, part in enumerate(parts):
             columns = fc.values[:, group * (inputs // groups) : (group + 1) * (inputs // groups)]
             weight = _int8_weight(model, f"{graph.tensors[fc.weight].name.decode()}/group{group}", columns)
-            product = _like(model, output, f"/group{group}")
+            product = add_like(model, output, f"/group{group}")
             op = copy.deepcopy(fc.op)
             op.builtinOptions.fusedActivationFunction = schema.ActivationFunctionType.NONE  # after the sum
             op.inputs = [part, weight, *([bias[0] if group == 0 else -1] if bias else [])]
@@ -86,15 +88,13 @@ def split_into_groups(model: Any, fcs: list[GroupedFC], width: int = GROUP_WIDTH
         total = products[0]
         for number, product in enumerate(products[1:], start=1):
             last = number == len(products) - 1
-            target = output if last else _like(model, output, f"/sum{number}")
+            target = output if last else add_like(model, output, f"/sum{number}")
             options = schema.AddOptionsT()
             options.fusedActivationFunction = activation if last else schema.ActivationFunctionType.NONE
-            replacement.append(_op(model, schema.BuiltinOperator.ADD, [total, product], [target], options))
+            replacement.append(new_op(model, schema.BuiltinOperator.ADD, [total, product], [target], options))
             total = target
         graph.operators[position : position + 1] = replacement
         model.buffers[graph.tensors[fc.weight].buffer] = schema.BufferT()  # the whole weight is read no more
-        added += STEP_BYTES * outputs * (groups - 1)
-    return added
 
 
 def _split(model: Any, source: int, groups: int, width: int, axis: int, position: int) -> list[int]:
@@ -105,17 +105,12 @@ def _split(model: Any, source: int, groups: int, width: int, axis: int, position
     tensor = graph.tensors[source]
     shape = [int(d) for d in tensor.shape]
     signature = [int(d) for d in (tensor.shapeSignature if tensor.shapeSignature is not None else shape)]
-    parts = []
-    for group in range(groups):
-        part = schema.TensorT()
-        part.name = tensor.name + f"/group{group}_of_{groups}".encode()
-        part.type, part.shape, part.shapeSignature = tensor.type, [*shape[:-1], width], [*signature[:-1], width]
-        part.buffer = add_buffer(model, None)
-        graph.tensors.append(part)
-        parts.append(len(graph.tensors) - 1)
+    parts = [add_like(model, source, f"/group{group}_of_{groups}") for group in range(groups)]
+    for part in parts:
+        graph.tensors[part].shape, graph.tensors[part].shapeSignature = [*shape[:-1], width], [*signature[:-1], width]
     options = schema.SplitOptionsT()
     options.numSplits = groups
-    graph.operators.insert(position, _op(model, schema.BuiltinOperator.SPLIT, [axis, source], parts, options))
+    graph.operators.insert(position, new_op(model, schema.BuiltinOperator.SPLIT, [axis, source], parts, options))
     return parts
 
 
@@ -123,47 +118,7 @@ def _int8_weight(model: Any, name: str, values: np.ndarray) -> int:
     """An int8 weight tensor of ``values`` [outputs, inputs], symmetric with a step per output channel."""
     from tensorflow.lite.python import schema_py_generated as schema
 
-    quantized, step = symmetric_int8(values, axis=1)
-    index = _constant(model, name, quantized, schema.TensorType.INT8)
-    parameters = schema.QuantizationParametersT()
-    parameters.scale = step.reshape(-1).astype(np.float32).tolist()
-    parameters.zeroPoint = [0] * len(parameters.scale)
-    parameters.quantizedDimension = 0
+    quantized, parameters = per_output_channel_int8(values)
+    index = add_constant(model, name, quantized, schema.TensorType.INT8)
     model.subgraphs[0].tensors[index].quantization = parameters
     return index
-
-
-def _constant(model: Any, name: str, values: np.ndarray, kind: int) -> int:
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    tensor = schema.TensorT()
-    tensor.name, tensor.type, tensor.shape = name.encode(), kind, list(values.shape)
-    tensor.buffer = add_buffer(model, values)
-    model.subgraphs[0].tensors.append(tensor)
-    return len(model.subgraphs[0].tensors) - 1
-
-
-def _like(model: Any, source: int, suffix: str) -> int:
-    """A new activation tensor of ``source``'s type and shapes, named after it."""
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    graph = model.subgraphs[0]
-    tensor = graph.tensors[source]
-    like = schema.TensorT()
-    like.name, like.type = tensor.name + suffix.encode(), tensor.type
-    like.shape = list(tensor.shape)
-    like.shapeSignature = None if tensor.shapeSignature is None else list(tensor.shapeSignature)
-    like.buffer = add_buffer(model, None)
-    graph.tensors.append(like)
-    return len(graph.tensors) - 1
-
-
-def _op(model: Any, builtin: int, inputs: list[int], outputs: list[int], options: Any) -> Any:
-    from tensorflow.lite.python import schema_py_generated as schema
-
-    op = schema.OperatorT()
-    op.opcodeIndex = opcode_index(model, builtin)
-    op.inputs, op.outputs = inputs, outputs
-    op.builtinOptionsType = getattr(schema.BuiltinOptions, type(options).__name__[:-1])
-    op.builtinOptions = options
-    return op

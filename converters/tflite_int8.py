@@ -39,17 +39,10 @@ from pe_export.converters.smoothing import (
     Smoothing,
     choose_scales,
     range_quantized,
-    symmetric_int8,
     thinned,
 )
-from pe_export.converters.tflite_groups import (
-    ESCALATED_TO,
-    STEP_BYTES,
-    GroupedFC,
-    group_count,
-    split_into_groups,
-)
-from pe_export.converters.tflite_objects import add_buffer, opcode_index
+from pe_export.converters.tflite_groups import ESCALATED_TO, GroupedFC, group_count, split_into_groups, step_bytes
+from pe_export.converters.tflite_objects import add_buffer, add_constant, add_like, new_op, per_output_channel_int8
 from pe_export.errors import ParityError
 from pe_export.parity.tolerances import Tolerance
 from pe_export.provenance import pack_tflite
@@ -119,7 +112,7 @@ class DynamicRangeFile:
             shared[tensor.buffer] += 1
         for weight in self.weights.values():  # each weight's bytes are rewritten in place: give it its own
             if shared[weight.tensor.buffer] > 1:
-                weight.tensor.buffer = self._add_buffer(self.model.buffers[weight.tensor.buffer].data)
+                weight.tensor.buffer = add_buffer(self.model, self.model.buffers[weight.tensor.buffer].data)
 
     def _float_source(self, tensor: Any, float_tensors: dict[bytes, np.ndarray]) -> np.ndarray | None:
         """The float32 file's weight that ``tensor`` quantizes: the one of the same name, else (the converter
@@ -179,20 +172,11 @@ class DynamicRangeFile:
         schema = self._schema
         graph = self.model.subgraphs[0]
         source = self._unique[tensor_name]
-        inverse = self._add_tensor(f"{tensor_name}/smooth_inverse", (1.0 / scale).astype(np.float32))
-        smoothed = schema.TensorT()
-        smoothed.name = f"{tensor_name}/smoothed".encode()
-        smoothed.type = schema.TensorType.FLOAT32
-        smoothed.shape = graph.tensors[source].shape
-        smoothed.shapeSignature = graph.tensors[source].shapeSignature
-        smoothed.buffer = self._add_buffer(None)
-        graph.tensors.append(smoothed)
-        output = len(graph.tensors) - 1
-        mul = schema.OperatorT()
-        mul.opcodeIndex = self._opcode(schema.BuiltinOperator.MUL)
-        mul.inputs, mul.outputs = [source, inverse], [output]
-        mul.builtinOptionsType = schema.BuiltinOptions.MulOptions
-        mul.builtinOptions = schema.MulOptionsT()
+        inverse = add_constant(
+            self.model, f"{tensor_name}/smooth_inverse", (1.0 / scale).astype(np.float32), schema.TensorType.FLOAT32
+        )
+        output = add_like(self.model, source, "/smoothed", schema.TensorType.FLOAT32)
+        mul = new_op(self.model, schema.BuiltinOperator.MUL, [source, inverse], [output], schema.MulOptionsT())
         first = min(graph.operators.index(self.weights[n].op) for n in weight_names)
         graph.operators.insert(first, mul)
         for name in weight_names:
@@ -203,26 +187,8 @@ class DynamicRangeFile:
 
     def _requantize(self, weight: _Weight) -> None:
         """int8 per output channel (axis 0), symmetric, as the converter writes hybrid FC weights."""
-        quantized, step = symmetric_int8(weight.values, axis=1)  # [outputs, inputs]: a step per output
-        parameters = self._schema.QuantizationParametersT()
-        parameters.scale = step.reshape(-1).astype(np.float32).tolist()
-        parameters.zeroPoint = [0] * len(step)
-        parameters.quantizedDimension = 0
-        weight.tensor.quantization = parameters
+        quantized, weight.tensor.quantization = per_output_channel_int8(weight.values)
         self.model.buffers[weight.tensor.buffer].data = np.frombuffer(quantized.tobytes(), np.uint8)
-
-    def _add_tensor(self, name: str, values: np.ndarray) -> int:
-        tensor = self._schema.TensorT()
-        tensor.name, tensor.type, tensor.shape = name.encode(), self._schema.TensorType.FLOAT32, list(values.shape)
-        tensor.buffer = self._add_buffer(values)
-        self.model.subgraphs[0].tensors.append(tensor)
-        return len(self.model.subgraphs[0].tensors) - 1
-
-    def _add_buffer(self, values: np.ndarray | None) -> int:
-        return add_buffer(self.model, values)
-
-    def _opcode(self, builtin: int) -> int:
-        return opcode_index(self.model, builtin)
 
     # -- keep float --------------------------------------------------------------------------------
 
@@ -276,17 +242,10 @@ class DynamicRangeFile:
         """A float32 tensor that a DEQUANTIZE of ``source``, inserted right before ``reader``, writes."""
         schema = self._schema
         graph = self.model.subgraphs[0]
-        dequantized = schema.TensorT()
-        dequantized.name = graph.tensors[source].name + b"/dequantized"
-        dequantized.type, dequantized.shape = schema.TensorType.FLOAT32, list(graph.tensors[source].shape)
-        dequantized.buffer = self._add_buffer(None)
-        graph.tensors = [*graph.tensors, dequantized]
-        dequantize = schema.OperatorT()
-        dequantize.opcodeIndex = self._opcode(schema.BuiltinOperator.DEQUANTIZE)
-        dequantize.inputs, dequantize.outputs = [source], [len(graph.tensors) - 1]
-        position = graph.operators.index(reader)
-        graph.operators = [*graph.operators[:position], dequantize, *graph.operators[position:]]
-        return len(graph.tensors) - 1
+        dequantized = add_like(self.model, source, "/dequantized", schema.TensorType.FLOAT32)
+        dequantize = new_op(self.model, schema.BuiltinOperator.DEQUANTIZE, [source], [dequantized])
+        graph.operators.insert(graph.operators.index(reader), dequantize)
+        return dequantized
 
     def capturing(self, names: list[str]) -> tuple[bytes, dict[str, str]]:
         """The float32 file with the named tensors as outputs of its signature too, and the output name each
@@ -400,8 +359,7 @@ def int8_to_target(
 
 def _group_step_bytes(edited: DynamicRangeFile, name: str) -> int:
     """What a weight's group steps add over its per-channel ones (``tflite_groups.split_into_groups``)."""
-    outputs, inputs = edited.weights[name].values.shape
-    return STEP_BYTES * outputs * (group_count(inputs) - 1)
+    return step_bytes(*edited.weights[name].values.shape)
 
 
 def _escalated_bytes(edited: DynamicRangeFile, outcome: KeepFloatOutcome) -> int:
