@@ -276,6 +276,20 @@ SATURATES = (
 )
 
 
+def float_and_dynamic_range(model: Any) -> tuple[bytes, bytes]:
+    """(float32 file, the converter's dynamic-range file) of a ``tf.Module`` whose ``__call__`` is a tf.function."""
+    from pe_export.native import import_tensorflow
+
+    tf = import_tensorflow()
+    files = []
+    for quantize in (False, True):
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([model.__call__.get_concrete_function()], model)
+        if quantize:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        files.append(converter.convert())
+    return files[0], files[1]
+
+
 def outlier_feeds(seed: int, width: int, batches: int = 4, rows: int = 12) -> list[dict[str, np.ndarray]]:
     """Activations with one outlier channel (x[:, 3] × 60), as trained encoders' LayerNorm outputs have."""
     rng = np.random.default_rng(seed)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pe_export.parity.tolerances import Tolerance
+from tests.helpers import float_and_dynamic_range
 
 WIDTH, OUTPUTS, SIDE = 192, 96, 32  # x: 4 groups of 48 input channels; relu(x·W): 2
 
@@ -38,14 +39,7 @@ def wide_files() -> tuple[bytes, bytes]:
         def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"z": tf.matmul(x, w2), "u": tf.matmul(tf.nn.relu(tf.matmul(x, w)), v)}
 
-    model = Model()
-    files = []
-    for quantize in (False, True):
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([model.__call__.get_concrete_function()], model)
-        if quantize:
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        files.append(converter.convert())
-    return files[0], files[1]
+    return float_and_dynamic_range(Model())
 
 
 def group_feeds(seed: int) -> list[dict[str, np.ndarray]]:

@@ -13,7 +13,13 @@ import pytest
 from pe_export.api import export_tflite
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
-from tests.helpers import assert_judged_on_the_held_out_part, chosen_cosine, outlier_feeds, stricter_target
+from tests.helpers import (
+    assert_judged_on_the_held_out_part,
+    chosen_cosine,
+    float_and_dynamic_range,
+    outlier_feeds,
+    stricter_target,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +37,7 @@ def outlier_files() -> tuple[bytes, bytes]:
         def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"z": tf.matmul(x, w2), "u": tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w3)}
 
-    model = Model()
-    files = []
-    for quantize in (False, True):
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([model.__call__.get_concrete_function()], model)
-        if quantize:
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        files.append(converter.convert())
-    return files[0], files[1]
+    return float_and_dynamic_range(Model())
 
 
 def feeds(seed: int) -> list[dict[str, np.ndarray]]:
