@@ -7,7 +7,9 @@ TensorFlow, one sentence per call, unpadded), with file bytes and p50 latency (b
 Two cosines: on the sentences the export was given with --text (what it calibrated, smoothed and
 judged on), and on held-out sentences it never saw; with ``--sentences varied`` a third, ``fresh``: 24
 sentences written after the flow was set (benchmarks/data/varied_fresh.txt), which no export is given, not even
-as --holdout (whose figure the gate, and so the search's target, sees). ``--sentences suite``: the suite's 8 and 12 (the
+as --holdout (whose figure the gate, and so the search's target, sees), and a fourth, ``unseen``: 24 more
+(benchmarks/data/varied_unseen.txt) written before dynamic int8's choice margin was set, after the fresh ones had
+been looked at in choosing it. ``--sentences suite``: the suite's 8 and 12 (the
 shortest a 3-token "yes"); ``--sentences varied``: benchmarks/data's 48 and 32 (issue 25's flow), the 32
 also passed as --holdout, which judges int8's choices and gates the file (a file its gate refuses, exit 1,
 is measured as --keep-failed keeps it). pe-export's int8 rows are set beside the converters' own
@@ -19,6 +21,7 @@ TEXT (and each format's fp32 row, the base of the ratios).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import subprocess
 import sys
@@ -101,11 +104,12 @@ def sentence_sets(which: str, work: Path) -> tuple[Path, tuple[str, ...], Path |
     return calibration, lines[0], held_out, lines[1]
 
 
-def fresh_sentences(which: str) -> tuple[str, ...]:
-    """Sentences no export of ``--sentences`` is given in any form (none for the suite's)."""
+def fresh_sentences(which: str, name: str = "varied_fresh.txt") -> tuple[str, ...]:
+    """Sentences no export of ``--sentences`` is given in any form (none for the suite's): benchmarks/data's
+    ``name``."""
     if which == "suite":
         return ()
-    return tuple((DATA / "varied_fresh.txt").read_text(encoding="utf-8").splitlines())
+    return tuple((DATA / name).read_text(encoding="utf-8").splitlines())
 
 
 def sentence_feeds(tokenizer: Path, sentences: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
@@ -126,6 +130,15 @@ def worst_cosine(outputs: list[np.ndarray], reference: list[np.ndarray]) -> floa
         a, b = got[0].mean(axis=0).astype(np.float64), want[0].mean(axis=0).astype(np.float64)
         worst = min(worst, float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
     return worst
+
+
+def worst_cosines(outputs: list[np.ndarray], reference: list[np.ndarray], counts: list[int]) -> str:
+    """The worst cosine of each run of ``counts`` sentences in turn, as columns ("-" for none)."""
+    ends = np.cumsum([0, *counts])
+    return " ".join(
+        f"{worst_cosine(outputs[a:b], reference[a:b]):>10.7f}" if b > a else f"{'-':>10}"
+        for a, b in itertools.pairwise(ends)
+    )
 
 
 # Timing runs in a fresh interpreter that never imports TensorFlow: in the exporting process TF's idle
@@ -222,10 +235,11 @@ def main() -> None:
     sentences, given_text, holdout, held_out_text = sentence_sets(args.sentences, work)
     given, held_out = sentence_feeds(tokenizer, given_text), sentence_feeds(tokenizer, held_out_text)
     fresh = sentence_feeds(tokenizer, fresh_sentences(args.sentences))
+    unseen = sentence_feeds(tokenizer, fresh_sentences(args.sentences, "varied_unseen.txt"))
     signature = tf.saved_model.load(str(saved)).signatures["serving_default"]
     reference = [
         signature(**{k: tf.constant(v) for k, v in feed.items()})["sequence_output"].numpy()
-        for feed in given + held_out + fresh
+        for feed in given + held_out + fresh + unseen
     ]
     text = TextInputs(sentences, tokenizer)
     timed = timed_feed(given)
@@ -236,7 +250,7 @@ def main() -> None:
     print(f"host: {describe_host().line()}")
     print(
         f"{'format':<7} {'variant':<52} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
-        f"{'fresh':>10} {'p50 ms':>8} {'× fp32':>7}"
+        f"{'fresh':>10} {'unseen':>10} {'p50 ms':>8} {'× fp32':>7}"
     )
     base: dict[str, tuple[int, float]] = {}
     for index, (label, target, extra) in enumerate(VARIANTS):
@@ -264,15 +278,12 @@ def main() -> None:
             if not path.exists():
                 print(f"{target:<7} {label:<52} {code:>4} (nothing written)", flush=True)
                 continue
-        outputs, p50 = measure(path, RUNNERS[target], given + held_out + fresh, timed, args.runs)
+        outputs, p50 = measure(path, RUNNERS[target], given + held_out + fresh + unseen, timed, args.runs)
         size = path.stat().st_size
         base.setdefault(target, (size, p50))
-        cut, end = len(given), len(given) + len(held_out)
-        unseen = f"{worst_cosine(outputs[end:], reference[end:]):>10.7f}" if fresh else f"{'-':>10}"
+        cosines = worst_cosines(outputs, reference, [len(given), len(held_out), len(fresh), len(unseen)])
         print(
-            f"{target:<7} {label:<52} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x "
-            f"{worst_cosine(outputs[:cut], reference[:cut]):>10.7f} "
-            f"{worst_cosine(outputs[cut:end], reference[cut:end]):>10.7f} {unseen} {p50:>8.2f} "
+            f"{target:<7} {label:<52} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x {cosines} {p50:>8.2f} "
             f"{p50 / base[target][1]:>6.2f}x",
             flush=True,
         )

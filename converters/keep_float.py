@@ -460,3 +460,14 @@ def short_name(name: str) -> str:
     """A graph name's last two scopes, without the wrappers every traced name carries."""
     parts = [p for p in name.split("/") if p not in ("StatefulPartitionedCall", "Tensordot", "einsum")]
     return "/".join(parts[-2:])
+
+
+def with_choice_margin(target: Tolerance, share: float, fitted: str) -> tuple[Tolerance, str]:
+    """The tolerance a search chooses against (``share`` of the cosine error ``target`` allows) and the note that
+    says so; ``fitted``: what the search fits to the inputs it chooses on, which reads better there than on new
+    ones."""
+    chosen = target.with_cosine_error(share)
+    return chosen, (
+        f"chosen against cosine >= {chosen.min_cosine:g} ({share:g} of the error the target {target.min_cosine:g} "
+        f"allows: {fitted} fitted to these inputs read better there than on new ones)"
+    )

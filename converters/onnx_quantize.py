@@ -28,6 +28,7 @@ from pe_export.converters.keep_float import (
     KeepFloatOutcome,
     keep_float_to_target,
     resolve_asked,
+    with_choice_margin,
     with_single_rows,
 )
 from pe_export.converters.onnx_block_int8 import BLOCK, block_int8_matmuls, block_int8_node, with_microsoft_domain
@@ -42,7 +43,7 @@ from pe_export.converters.onnx_rewrites import (
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
 from pe_export.errors import ParityError
-from pe_export.parity.tolerances import Tolerance
+from pe_export.parity.tolerances import DYNAMIC_INT8_CHOICE_SHARE, Tolerance
 
 BLOCKS_NOTE = (
     f"MatMuls as MatMulNBits (int8 weights and activations in blocks of {BLOCK} input channels of each row, integer "
@@ -107,8 +108,10 @@ def quantize_to_target(
     keep: tuple[str, ...] = (),
     outliers_per_input: int = OUTLIER_CHANNELS,
     kernel: str = ONNX_INT8_KERNEL,
+    choice_share: float = DYNAMIC_INT8_CHOICE_SHARE,
 ) -> KeepFloatOutcome:
-    """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does; the nodes
+    """Dynamic int8 of ``model`` (float) that meets ``tolerance`` against it on ``feeds``, if any does, chosen
+    against ``choice_share`` of the cosine error it allows; the nodes
     ``keep`` names (--keep-float) float in every candidate; up to ``outliers_per_input`` outlier channels of each
     MatMul input computed in float beside its int8 product (``onnx_outliers``; 0: none). ``kernel``
     (``constants.ONNX_INT8_KERNELS``): "matmulinteger" (``quantize_dynamic``'s standard ops, kept nodes float),
@@ -127,6 +130,8 @@ def quantize_to_target(
     smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
     if smoothing.smoothed or smoothing.outlier_channels:
         steps.append(smoothing.note())
+    tolerance, chosen_note = with_choice_margin(tolerance, choice_share, "which weights escalate and the smoothing")
+    steps.append(chosen_note)
     judging = Judging(feeds, masks, expected, sequence_outputs=sequence_outputs)
     candidates, sizes, kinds = quantizable_nodes(smoothed), weight_bytes(smoothed), weight_kinds(smoothed)
     if kernel == "mixed":

@@ -40,6 +40,7 @@ from pe_export.converters.keep_float import (
     feed_score,
     keep_float_to_target,
     resolve_asked,
+    with_choice_margin,
     with_single_rows,
 )
 from pe_export.converters.onnx_outliers import is_side_node
@@ -371,12 +372,9 @@ def static_int8_to_target(
     every candidate. What misses first reads its activations float (weight-only int8); where even every MatMul so
     misses, the weights that cost most go float16 first (a search of its own, in ``before``)."""
     plan = plan_static_int8(model, feeds, tolerance, valid, sequence_outputs, keep, outliers_per_input)
-    target, tolerance = tolerance, tolerance.with_cosine_error(STATIC_INT8_CHOICE_SHARE)
-    steps = [
-        *plan.steps,
-        f"chosen against cosine >= {tolerance.min_cosine:g} ({STATIC_INT8_CHOICE_SHARE:g} of the error the target "
-        f"{target.min_cosine:g} allows: ranges and rounding fitted to these inputs read better there than on new ones)",
-    ]
+    target = tolerance
+    tolerance, chosen_note = with_choice_margin(target, STATIC_INT8_CHOICE_SHARE, "ranges and rounding")
+    steps = [*plan.steps, chosen_note]
     sizes, kinds = weight_bytes(plan.model), weight_kinds(plan.model)  # no size for an activation product
     products = plan.products
     try:  # what misses moves to int8 weights with float activations: no byte more than int8

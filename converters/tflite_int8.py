@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.keep_float import Judging, KeepFloatOutcome, keep_float_to_target, resolve_asked
+from pe_export.converters.keep_float import (
+    Judging,
+    KeepFloatOutcome,
+    keep_float_to_target,
+    resolve_asked,
+    with_choice_margin,
+)
 from pe_export.converters.smoothing import (
     SMOOTHING_ROWS,
     Smoothing,
@@ -44,7 +50,7 @@ from pe_export.converters.smoothing import (
 from pe_export.converters.tflite_groups import ESCALATED_TO, GroupedFC, group_count, split_into_groups, step_bytes
 from pe_export.converters.tflite_objects import add_buffer, add_constant, add_like, new_op, per_output_channel_int8
 from pe_export.errors import ParityError
-from pe_export.parity.tolerances import Tolerance
+from pe_export.parity.tolerances import DYNAMIC_INT8_CHOICE_SHARE, Tolerance
 from pe_export.provenance import pack_tflite
 
 # Builtin ops whose hybrid (int8 weight, float activation) kernels also run with a float32 weight.
@@ -275,14 +281,17 @@ def int8_to_target(
     tolerance: Tolerance,
     sequence_outputs: set[str] | None = None,
     keep: tuple[str, ...] = (),
+    choice_share: float = DYNAMIC_INT8_CHOICE_SHARE,
 ) -> KeepFloatOutcome:
     """The dynamic-range file, smoothed, that meets ``tolerance`` against the float32 file on ``feeds`` with the
-    fewest weights escalated, those ``keep`` names (--keep-float) float in every candidate; each candidate run in
-    the installed TFLite runtime. The search first moves FCs to groups of input channels (``tflite_groups``: int8
-    bytes, a fraction of float's time), the other weights int8; where even every FC in groups misses, it keeps the
-    fewest weights float in the file with every other FC in groups."""
+    fewest weights escalated, chosen against ``choice_share`` of the cosine error it allows, those ``keep`` names
+    (--keep-float) float in every candidate; each candidate run in the installed TFLite runtime. The search first
+    moves FCs to groups of input channels (``tflite_groups``: int8 bytes, a fraction of float's time), the other
+    weights int8; where even every FC in groups misses, it keeps the fewest weights float in the file with every
+    other FC in groups."""
     edited = DynamicRangeFile(quantized, float_file)
     asked = resolve_asked(keep, list(edited.weights))
+    tolerance, chosen_note = with_choice_margin(tolerance, choice_share, "which weights escalate and the smoothing")
     # No single-row copies of the batches (onnxruntime needs them): the hybrid kernels quantize each row
     # over its own range, so a row's result does not depend on the rows beside it.
     with tempfile.TemporaryDirectory(prefix="pe-export-") as work:
@@ -302,7 +311,7 @@ def int8_to_target(
             kinds={name: (weight.op_name, weight.values.shape) for name, weight in edited.weights.items()},
             asked=asked,
         )
-        steps = [smoothing.note()] if smoothing.smoothed else []
+        steps = [*([smoothing.note()] if smoothing.smoothed else []), chosen_note]
         groupable = [name for name in edited.groupable() if name not in set(asked)]
         # what a group costs is time, the ops it adds (measured: ~2-3 us each with XNNPACK), not bytes
         group_ops = ("op a group adds", {n: group_count(edited.weights[n].values.shape[1]) - 1 for n in groupable})

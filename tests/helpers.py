@@ -116,6 +116,16 @@ def chosen_cosine(notes: list[str]) -> float:
     return float(found[1])
 
 
+def assert_chosen_with_margin(notes: list[str], target: float) -> None:
+    """Dynamic int8 chose against ``DYNAMIC_INT8_CHOICE_SHARE`` of the error ``target`` allows, and says so."""
+    from pe_export.parity.tolerances import DYNAMIC_INT8_CHOICE_SHARE
+
+    tighter = 1 - DYNAMIC_INT8_CHOICE_SHARE * (1 - target)
+    note = next(n for n in notes if n.startswith("int8:"))
+    assert chosen_cosine(notes) >= tighter > target, (tighter, note)
+    assert f"chosen against cosine >= {tighter:g} ({DYNAMIC_INT8_CHOICE_SHARE:g} of the error the target" in note
+
+
 def stricter_target(notes: list[str]) -> float:
     """A target the all-int8 file misses on the inputs the search chooses on, whatever the random init: a third
     of its distance from cosine 1 there."""

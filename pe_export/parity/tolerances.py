@@ -39,6 +39,14 @@ INT8_TOLERANCE = Tolerance(atol=0.5, rtol=0.1, min_cosine=0.99)
 # chose and 0.99847 on the held-out part (refused); choosing against 0.9995, held-out 0.99935. Set after seeing that
 # held-out figure, so 24 sentences written afterwards judge it too (benchmarks/data/varied_fresh.txt): 0.99931.
 STATIC_INT8_CHOICE_SHARE = 0.5
+# Dynamic int8 computes its activation ranges at run time, but which weights escalate (and the smoothing) is still
+# fitted to the inputs it chooses on, where the chosen file then lands just over the target. It chooses against this
+# share of the cosine error the target allows. Measured against the target itself: all-MiniLM-L6-v2 at 0.999 (48
+# varied sentences chosen on, 32 held out) met 0.99902 where it chose and 0.99919 / 0.99909 held out (TFLite /
+# ONNX), but 0.99891 / 0.99883 on 24 sentences written later (benchmarks/data/varied_fresh.txt): the gap to new text
+# took 11% and 19% of the error allowed; random-init BERT-base at 0.9999 met 0.999900 where it chose and was refused
+# held out (0.999896). A quarter of the error kept back; it costs speed (docs/quantization.md, "Choice margin").
+DYNAMIC_INT8_CHOICE_SHARE = 0.75
 # Full-integer TFLite chooses int8 activations against the every-int16 file, one sample at a time: int8 must keep this
 # share of int16's margin over the target (converters/tflite_mixed.py). Measured on all-MiniLM-L6-v2 (48 varied
 # sentences chosen on, 32 held out; every activation int16: held-out worst 0.99157, only 0.0016 over 0.99): keeping

@@ -12,8 +12,8 @@ from pe_export.api import export_onnx
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from tests.helpers import (
+    assert_chosen_with_margin,
     assert_judged_on_the_held_out_part,
-    chosen_cosine,
     max_abs_error,
     onnxruntime_outputs,
     stricter_target,
@@ -40,7 +40,8 @@ def test_int8_meets_the_target_asked_for(saved_model, tmp_path: Path) -> None:
     assert kept_default or "all 7 quantizable nodes quantized" in default_note, default_note
     kept = re.search(r"(\d+) of 7 quantizable nodes kept in float", strict_note)
     floor = int(kept_default[1]) if kept_default else 0
-    assert kept and floor < int(kept[1]) < 7 and chosen_cosine(strict.notes) >= target
+    assert kept and floor < int(kept[1]) < 7
+    assert_chosen_with_margin(strict.notes, target)
     assert_judged_on_the_held_out_part(strict, target, tmp_path / "strict.onnx")
     assert default.summary.file_bytes < strict.summary.file_bytes  # the float nodes cost bytes
 

@@ -151,7 +151,7 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     assert 1 - grouped < 0.5 * (1 - int8)
 
     between = (int8 + grouped) / 2
-    outcome = int8_to_target(quantized, float_file, feeds, masks, by_cosine(between))
+    outcome = int8_to_target(quantized, float_file, feeds, masks, by_cosine(between), choice_share=1.0)
     kept = outcome.kept_float
     assert outcome.passed and outcome.cosine >= between and outcome.escalated_to == ESCALATED_TO
     assert kept and set(kept) <= set(wide) and outcome.record("int8 weights")["kept_as"] == ESCALATED_TO
@@ -168,7 +168,7 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     )
     assert single > grouped
     beyond = (grouped + single) / 2
-    strict = int8_to_target(quantized, float_file, feeds, masks, by_cosine(beyond))
+    strict = int8_to_target(quantized, float_file, feeds, masks, by_cosine(beyond), choice_share=1.0)
     assert strict.passed and strict.cosine >= beyond
     # float first, chosen with every other FC in groups; then the groups cut back to those the target needs
     floated, grouped_now = (strict.before[0], strict.kept_float) if strict.before else (strict, [])
@@ -184,6 +184,33 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     assert (splits == 0) == (not grouped_now), (splits, grouped_now)
     kept_float = Counter(op["op_name"] for op in _ops(strict.model))["DEQUANTIZE"]
     assert kept_float == len(floated.kept_float)  # each float weight's DEQUANTIZE from float16
+
+
+def test_the_search_chooses_against_its_share_of_the_error(wide_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    """A target every FC in groups meets by less than the margin: chosen against the target itself, groups and
+    nothing float; chosen against half the error it allows (what the default share is for: a choice lands just over
+    its target, and new inputs read worse), weights float, the choice figure over the tighter target, the note
+    naming both."""
+    from pe_export.converters.tflite_groups import ESCALATED_TO
+    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured, int8_to_target
+
+    float_file, quantized = wide_files
+    feeds = group_feeds(5)
+    masks: list[np.ndarray | None] = [None] * len(feeds)
+    reference = run(float_file, feeds, tmp_path)
+    edited = DynamicRangeFile(quantized, float_file)
+    capturing, names = edited.capturing(list(edited.smoothable()))
+    edited.smooth(_captured(capturing, names, feeds, masks, tmp_path, rows_alone=True))
+    grouped = worst_cosine(run(edited.build([], edited.groupable()), feeds, tmp_path), reference)
+    target = 1 - 1.2 * (1 - grouped)  # groups meet it, with a fifth of their error to spare: not half
+    plain = int8_to_target(quantized, float_file, feeds, masks, by_cosine(target), choice_share=1.0)
+    assert plain.escalated_to == ESCALATED_TO and not plain.before and plain.cosine >= target
+    halved = int8_to_target(quantized, float_file, feeds, masks, by_cosine(target), choice_share=0.5)
+    floated = halved.before[0] if halved.before else halved
+    assert floated.kept_float and not floated.escalated_to  # groups alone missed the tighter target
+    assert halved.passed and halved.cosine >= 1 - 0.5 * (1 - target) > grouped
+    note = floated.notes("int8 weights")[0]
+    assert f"chosen against cosine >= {1 - 0.5 * (1 - target):g} (0.5 of the error the target {target:g}" in note
 
 
 def _ops(data: bytes) -> list[dict]:
