@@ -236,8 +236,9 @@ def _dynamic_int8(
         kernel=options.kernel,
     )
     if feeds:
-        notes.extend(outcome.notes("quantizable nodes"))
-        searches.append(outcome.record("quantizable nodes"))
+        for step in [*outcome.before, outcome]:  # the weights kept float before the blocks were cut back
+            notes.extend(step.notes("quantizable nodes"))
+            searches.append(step.record("quantizable nodes"))
     return outcome.model
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +142,18 @@ def quantize_to_target(
                 candidates, sizes, escalating.build, _run, judging, tolerance, kinds, asked,
                 kept_bytes=1, escalated_to=ESCALATED_TO,
             )  # fmt: skip
-        except ParityError:  # even every weight escalated misses (an encoder without outliers: one range per
-            # call of 255 levels can beat 127 per block): the standard ops' search, weights kept float
+        except ParityError:  # even every weight escalated misses: float on top of the blocks, as TFLite's groups
+            steps.append(
+                "every MatMul as block-wise int8 missed the target: the weights kept float were chosen with every "
+                "other MatMul block-wise, and the blocks then cut back to those the target needs"
+            )
+            searched = _float_over_blocks(candidates, sizes, escalating, judging, tolerance, kinds, asked, steps)
+            if searched is not None:
+                return searched
+            # no file with an int8 weight met it so (an encoder without outliers: one range per call of 255 levels
+            # can beat 127 per block): the standard ops' search, weights kept float
             kernel = "matmulinteger"
-            steps.append("block-wise int8 for every weight the search could move missed the target: kept float instead")
+            steps[-1] = "block-wise int8 for every weight the search could move missed the target: kept float instead"
         else:
             if any(kinds[name][0] == "MatMul" for name in set(outcome.kept_float) - set(asked)):
                 steps.append(BLOCKS_SPEED_NOTE)
@@ -166,6 +174,47 @@ def quantize_to_target(
         kept_bytes=2,  # QuantizedVariants: kept weights in float16 storage
     )
     outcome.steps = steps
+    return outcome
+
+
+def _float_over_blocks(
+    candidates: list[str],
+    sizes: dict[str, int],
+    escalating: QuantizedVariants,
+    judging: Judging,
+    tolerance: Tolerance,
+    kinds: dict[str, tuple[str, tuple[int, ...]]],
+    asked: list[str],
+    steps: list[str],
+) -> KeepFloatOutcome | None:
+    """Where every MatMul block-wise misses: the fewest weights float (float16 storage) with every other MatMul
+    block-wise, then the fewest of those MatMuls left block-wise (the rest back to the per-call int8 product) with
+    them float; the float search in ``before``. None where only the float file meets the target."""
+    matmuls = [name for name in candidates if kinds[name][0] == "MatMul"]
+    try:
+        floated = keep_float_to_target(
+            candidates, sizes, lambda kept: escalating.build([*matmuls, *kept], floated=kept), _run, judging,
+            tolerance, kinds, asked, kept_bytes=2,
+        )  # fmt: skip
+    except ParityError:
+        return None
+    floated.steps = list(steps)
+    fixed = list(floated.kept_float)
+    rest = [name for name in matmuls if name not in set(fixed)]
+    if not rest:
+        return floated
+    try:
+        outcome = keep_float_to_target(
+            rest, sizes, lambda kept: escalating.build([*fixed, *kept], floated=fixed), _run, judging, tolerance,
+            kinds, kept_bytes=1, escalated_to=ESCALATED_TO,
+        )  # fmt: skip
+    except ParityError:  # not expected: every one of them block-wise is the file that met the target
+        outcome = floated
+        outcome.model = escalating.build([*fixed, *rest], floated=fixed)
+        return outcome
+    outcome.before = [floated]
+    outcome.steps = [BLOCKS_SPEED_NOTE] if outcome.kept_float else []
+    outcome.float_bytes = _escalated_bytes(outcome, kinds)
     return outcome
 
 
@@ -231,9 +280,10 @@ class QuantizedVariants:
             self._blocked[node.name] = block_int8_node(node, weight)
         return self._blocked[node.name]
 
-    def build(self, kept: list[str]) -> Any:
+    def build(self, kept: list[str], floated: Collection[str] = ()) -> Any:
         """The model with ``kept`` out of the per-call int8 products: float (float16 storage), or with
-        ``kept_as`` "blocks" a MatMul kept as block-wise int8 (``onnx_block_int8``; a table lookup goes float)."""
+        ``kept_as`` "blocks" a MatMul kept as block-wise int8 (``onnx_block_int8``; a table lookup goes float),
+        but those of them ``floated`` names float."""
         import onnx
 
         if not kept:
@@ -247,7 +297,12 @@ class QuantizedVariants:
         casts = []
         for name in kept:
             node = self._float_nodes[name]
-            if self.kept_as == "blocks" and node.op_type == "MatMul" and name not in self.always_float:
+            if (
+                self.kept_as == "blocks"
+                and node.op_type == "MatMul"
+                and name not in self.always_float
+                and name not in floated
+            ):
                 blocked, blocked_weights = self._block_int8(node)
                 replaced[producer[node.output[0]]] = blocked
                 graph.initializer.extend(blocked_weights)  # copied: the cached protos stay as they are

@@ -32,8 +32,9 @@ def minilm() -> tuple[Path, Path, Path]:
     return minilm_or_skip()
 
 
-def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> float:
-    """The held-out sentences' worst pooled cosine, each unpadded in the format's runtime: apart from the gate."""
+def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path, sentences: str) -> float:
+    """The worst pooled cosine of benchmarks/data's ``sentences``, each unpadded in the format's runtime: apart
+    from the gate."""
     from tests.fixtures.pretrained import held_out_worst_cosine
 
     if path.suffix == ".onnx":
@@ -46,16 +47,17 @@ def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> flo
 
         runner = Interpreter(model_path=str(path)).get_signature_runner()
         run = lambda feed: np.asarray(runner(**feed)["sequence_output"])  # noqa: E731
-    return held_out_worst_cosine(run, saved, tokenizer, DATA / "varied_held_out.txt")
+    return held_out_worst_cosine(run, saved, tokenizer, DATA / sentences)
 
 
 @pytest.mark.parametrize("file_format", ["onnx", "tflite"])
 def test_dynamic_int8_at_0999_holds_on_sentences_it_never_saw(
     minilm, file_format: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """The target met on the held-out sentences (the gate's verdict, and the same figure computed apart), at
-    under half the float32 weights' bytes, with most products int8. ONNX's search moves the weights that cost
-    most to block-wise int8 (MatMulNBits), not float: what keeps its p50 under the bar (the benchmark)."""
+    """The target met on the held-out sentences (the gate's verdict, and the same figure computed apart) and on
+    sentences no export saw, at under half the float32 weights' bytes, with most products int8. ONNX's search
+    moves the weights that cost most to block-wise int8 (MatMulNBits) where every one so meets the target it
+    chooses against, else keeps them float."""
     import onnx
 
     from pe_export.memory import saved_weight_bytes
@@ -72,30 +74,37 @@ def test_dynamic_int8_at_0999_holds_on_sentences_it_never_saw(
     assert "int8 chose on the 48 samples given, judged on the 32 of --holdout" in out
     assert float(TASK.search(out)[1]) >= TARGET, out
     assert output.stat().st_size <= MOST_BYTES * saved_weight_bytes(saved), output.stat().st_size
-    searches = json.loads(report.read_text())["searches"]  # TFLite: float, then the groups cut back (two)
+    # one search where every product escalated (TFLite: FCs in groups; ONNX: MatMuls block-wise) meets the target
+    # it chooses against; else two: the weights kept float with every other product escalated, then the
+    # escalations cut back to those the target needs
+    searches = json.loads(report.read_text())["searches"]
     search = searches[0]
-    assert len(search["kept_float"]) < search["candidates"]
-    assert len(searches) == 1 or (file_format == "tflite" and len(searches) == 2)
+    assert len(search["kept_float"]) < search["candidates"] and len(searches) in (1, 2)
+    floated = search["kept_float"] if search["kept_as"] == "float" else search["asked"]
+    assert len(floated) < 0.5 * search["candidates"], searches  # not half the model float (the issue's finding)
+    if len(searches) == 2:
+        escalated = searches[1]["kept_float"]
+        assert search["kept_as"] == "float" and searches[1]["kept_as"] != "float" and not set(escalated) & set(floated)
+        assert "missed the target: the weights kept float were chosen" in out
     if file_format == "onnx":
         written = onnx.load(str(output))
         ops = [node.op_type for node in written.graph.node]
         integer = ops.count("MatMulNBits") + ops.count("MatMulInteger")
-        assert integer >= 0.9 * search["candidates"] - 2, (integer, search)  # MatMuls int8; tables aside
-        if search["kept_as"].startswith("block-wise"):  # escalated, not float: every kept MatMul is MatMulNBits
-            kept = {name for name in search["kept_float"] if "Gather" not in name} - set(search["asked"])
+        # every weight's MatMul int8 but those float; the three embedding tables aside (a Gather, not a MatMul)
+        assert integer >= search["candidates"] - len(floated) - 3, (integer, searches)
+        blocked = searches[-1] if searches[-1]["kept_as"].startswith("block-wise") else None
+        if blocked is not None:  # escalated, not float: every such MatMul is MatMulNBits
+            kept = {name for name in blocked["kept_float"] if "Gather" not in name} - set(blocked["asked"])
             assert kept <= {node.name for node in written.graph.node if node.op_type == "MatMulNBits"}
             assert "8-bit MatMulNBits' speed depends on the CPU" in out and "benchmarks/int8_kernels.py" in out
     else:  # TFLite moves FCs to groups of input channels before it keeps any float: most products stay int8
         int8, total = _int8_fully_connected(output)
-        kept_float = len(search["kept_float"]) if search["kept_as"] == "float" else len(search["asked"])
-        assert int8 >= total - kept_float and kept_float < 0.5 * search["candidates"], (int8, total, searches)
-        if len(searches) == 2:  # groups alone missed: float first, then only the groups the target needs
-            grouped = searches[1]["kept_float"]
-            assert "missed the target: the weights kept float were chosen" in out and not set(grouped) & set(
-                search["kept_float"]
-            )
-    # The same held-out figure measured apart from the gate (one sentence per call, unpadded).
-    assert independent_held_out_cosine(output, saved, tokenizer) >= TARGET
+        assert int8 >= total - len(floated), (int8, total, searches)
+    # The same held-out figure measured apart from the gate (one sentence per call, unpadded), and 48 sentences no
+    # export is given, not even to judge (chosen at the target itself, the files read 0.99891 / 0.99883 on the first
+    # 24: what the choice margin is for)
+    for sentences in ("varied_held_out.txt", "varied_fresh.txt", "varied_unseen.txt"):
+        assert independent_held_out_cosine(output, saved, tokenizer, sentences) >= TARGET, sentences
 
 
 def _int8_fully_connected(path: Path) -> tuple[int, int]:
