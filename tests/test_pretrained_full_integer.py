@@ -29,9 +29,9 @@ def minilm() -> tuple[Path, Path, Path]:
     return minilm_or_skip()
 
 
-def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> float:
-    """The held-out sentences' worst pooled cosine over their real tokens, each padded to the file's length in
-    LiteRT: apart from the export's gate."""
+def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path, sentences: str) -> float:
+    """The worst pooled cosine of benchmarks/data's ``sentences`` over their real tokens, each padded to the file's
+    length in LiteRT: apart from the export's gate."""
     from ai_edge_litert.interpreter import Interpreter
 
     from tests.fixtures.pretrained import held_out_worst_cosine
@@ -43,15 +43,15 @@ def independent_held_out_cosine(path: Path, saved: Path, tokenizer: Path) -> flo
         padded = {k: np.pad(v, ((0, 0), (0, LENGTH - n))) for k, v in feed.items()}
         return np.asarray(runner(**padded)["sequence_output"])[:, :n]
 
-    return held_out_worst_cosine(run, saved, tokenizer, DATA / "varied_held_out.txt")
+    return held_out_worst_cosine(run, saved, tokenizer, DATA / sentences)
 
 
 def test_full_integer_keeps_the_answers_on_sentences_it_never_saw(
     minilm, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 25 item 2's done-when: held-out >= 0.99 with no float op between the inputs and the outputs'
-    DEQUANTIZE, exit 0 through the CLI, its activations int8 or int16 by measured error (measured: 0.99157, 2 of 379
-    activations int8, 35.1 MB against 91.0 MB float32)."""
+    DEQUANTIZE, exit 0 through the CLI, its activations int8 or int16 by measured error (measured: held-out 0.99544,
+    later sentences 0.99420 and 0.99569; 35.1 MB against 91.0 MB float32)."""
     from ai_edge_litert.interpreter import Interpreter
 
     saved, tokenizer, _ = minilm
@@ -79,4 +79,7 @@ def test_full_integer_keeps_the_answers_on_sentences_it_never_saw(
         and any(np.dtype(details[i]["dtype"]).kind == "f" for i in [*op["inputs"], *op["outputs"]] if i >= 0)
     ]
     assert floats == [], floats
-    assert independent_held_out_cosine(output, saved, tokenizer) >= 0.99
+    # and on 48 sentences no export is given, not even to judge: static ranges calibrated on the 48 given ones
+    # clipped a short sentence's attention ("Thanks a lot!" 0.978) before the ranges had headroom
+    for sentences in ("varied_held_out.txt", "varied_fresh.txt", "varied_unseen.txt"):
+        assert independent_held_out_cosine(output, saved, tokenizer, sentences) >= 0.99, sentences
