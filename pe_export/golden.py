@@ -191,10 +191,20 @@ class _LayerStore:
                 "shape": [None, *value.shape[1:]],
                 "tensor": tensors[name],
                 # the padding mask applies where axis 1 runs along the checked sequence (as for the outputs)
-                "sequence": value.ndim >= 3 and value.shape[1] == self.seq_len,
+                "sequence": _sequence_axes(value.shape, self.seq_len) == [1],
+                "sequence_axes": _sequence_axes(value.shape, self.seq_len),
             }
             for name, value in self._specs.items()
         ]
+
+
+def _sequence_axes(shape: tuple[int, ...], length: int | None) -> list[int]:
+    """The axes of a layer's activation that run along the sequence: query and key of attention scores or
+    probabilities [batch, heads, query, key] (the last two, whatever the heads), else axis 1 of [batch, seq, ...];
+    none for a 2-D one (a pooled vector)."""
+    if len(shape) == 4 and shape[2] == shape[3] == length:
+        return [2, 3]
+    return [1] if len(shape) >= 3 and shape[1] == length else []
 
 
 def _deterministic(batches: Iterator[Batch], frozen: Any, reference: Any, source: ModelSource) -> Iterator[Batch]:

@@ -81,7 +81,7 @@ def check_layers(
             if comparison is None:  # the same file every batch: a tensor it lacks is known from the first
                 for name in [name for name, tensor in mapped.items() if tensor not in produced]:
                     unmapped[name] = f"the map names {mapped.pop(name)!r}, which the file does not compute"
-                comparison = LayerComparison(mapped, tolerance, bundle.sequence_layers)
+                comparison = LayerComparison(mapped, tolerance, bundle.sequence_axes)
             comparison.update(produced, batch.layers, batch.valid)
             if progress:
                 progress()
@@ -115,7 +115,7 @@ def _bisected(
     from pe_export.layers.compare import with_growth
     from pe_export.layers.cut import cut_file
 
-    names, judged, sequence = list(mapped), {}, bundle.sequence_layers
+    names, judged, sequence = list(mapped), {}, bundle.sequence_axes
     with tempfile.TemporaryDirectory(prefix="pe-export-cut-") as folder:
         cut = cut_file(model, Path(folder))
 
@@ -125,7 +125,7 @@ def _bisected(
                 path = cut(mapped[name])
                 with create_runner(runtime, path, **options) as runner:
                     output = runner.output_names()[0]
-                    comparison = LayerComparison({name: output}, tolerance, sequence & {name})
+                    comparison = LayerComparison({name: output}, tolerance, sequence)
                     for batch in bundle.batches():
                         raise_if_interrupted()
                         comparison.update(infer_rows(runner, batch.inputs), batch.layers, batch.valid)

@@ -25,12 +25,16 @@ FLOAT32_EPSILON = 2.0**-23
 class LayerComparison:
     """Accumulates every mapped layer over the batches; ``result`` gives them in graph order."""
 
-    def __init__(self, layers: dict[str, str], tolerance: Tolerance, sequence: set[str]) -> None:
-        """``layers``: layer → file tensor, in graph order; ``sequence``: layers whose axis 1 is the sequence."""
+    def __init__(self, layers: dict[str, str], tolerance: Tolerance, sequence: dict[str, tuple[int, ...]]) -> None:
+        """``layers``: layer → file tensor, in graph order; ``sequence``: each layer's axes that run along the
+        sequence (``Bundle.sequence_axes``; none for a layer it leaves out): padding is left out along them."""
         self.layers = layers
         self.tolerance = tolerance
         self._accumulators = {
-            name: OutputAccumulator(name, tolerance, argmax=False, sequence=name in sequence) for name in layers
+            name: OutputAccumulator(
+                name, tolerance, argmax=False, sequence=bool(sequence.get(name)), sequence_axes=sequence.get(name, ())
+            )
+            for name in layers
         }
 
     def update(self, produced: dict[str, np.ndarray], expected: dict[str, np.ndarray], valid: np.ndarray) -> None:

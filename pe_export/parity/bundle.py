@@ -101,8 +101,19 @@ class Bundle:
         return [_spec(entry) for entry in self.manifest.get("layers", [])]
 
     @property
-    def sequence_layers(self) -> set[str]:
-        return {entry["name"] for entry in self.manifest.get("layers", []) if entry.get("sequence") is True}
+    def sequence_axes(self) -> dict[str, tuple[int, ...]]:
+        """Each layer's axes that run along the sequence (attention scores: query and key); a bundle written before
+        they were recorded gives axis 1 where its entry says ``sequence``."""
+        axes = {}
+        for entry in self.manifest.get("layers", []):
+            recorded = entry.get("sequence_axes")
+            if isinstance(recorded, list) and all(isinstance(a, int) and a >= 1 for a in recorded):
+                found = tuple(recorded)
+            else:
+                found = (1,) if entry.get("sequence") is True else ()
+            if found:
+                axes[entry["name"]] = found
+        return axes
 
     @property
     def label_outputs(self) -> list[str]:

@@ -23,6 +23,21 @@ def has_class_axis(name: str) -> bool:
     return any(word in name.lower() for word in CLASS_AXIS_WORDS)
 
 
+def _valid_along(shape: tuple[int, ...], valid: np.ndarray | None, axes: tuple[int, ...]) -> np.ndarray:
+    """Which elements of a tensor of ``shape`` (batch first) count: those whose position on every axis of ``axes``
+    is valid (``valid`` [batch, seq]); every element where the mask does not fit those axes."""
+    include = np.ones(shape, dtype=bool)
+    if valid is None or not axes or valid.ndim != 2 or shape[:1] != valid.shape[:1]:
+        return include
+    if any(axis >= len(shape) or shape[axis] != valid.shape[1] for axis in axes):
+        return include
+    for axis in axes:
+        along = [1] * len(shape)
+        along[0], along[axis] = valid.shape[0], valid.shape[1]
+        include = include & valid.astype(bool).reshape(along)
+    return include
+
+
 class OutputAccumulator:
     """Running statistics for one output across batches."""
 
@@ -34,12 +49,16 @@ class OutputAccumulator:
         argmax: bool | None = None,
         case: str | None = None,
         sequence: bool | None = None,
+        sequence_axes: tuple[int, ...] = (1,),
     ) -> None:
         """``sequence``: whether the output's axis 1 is the sequence axis (the padding mask applies), from the
         signature (``specs.sequence_outputs``); None where it is not known (a bundle written before it was
-        recorded), and then the mask applies where its shape covers the output's first two axes."""
+        recorded), and then the mask applies where its shape covers the output's first two axes.
+        ``sequence_axes``: the axes that run along the sequence where those are others (a layer's attention
+        scores [batch, heads, query, key]): an element counts where every one of its positions is valid."""
         self.name = name
         self.sequence = sequence
+        self.sequence_axes = sequence_axes
         self.case = case
         self.tolerance = tolerance
         self.argmax = has_class_axis(name) if argmax is None else argmax
@@ -70,11 +89,11 @@ class OutputAccumulator:
             raise ValueError(f"output {self.name!r}: shape {a.shape} does not match reference {e.shape}")
         # The padding mask applies to an output whose axis 1 is the sequence, where it covers [batch, seq].
         fits = valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape
-        mask = valid if fits and self.sequence is not False else None
+        mask = valid if fits and self.sequence is not False and self.sequence_axes == (1,) else None
         if mask is not None:
             include = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a.shape)
         else:
-            include = np.ones(a.shape, dtype=bool)
+            include = _valid_along(a.shape, valid, self.sequence_axes if self.sequence is not False else ())
         nan = np.isnan(a) & include
         inf = np.isinf(a) & include
         finite = include & ~nan & ~inf

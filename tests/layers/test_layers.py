@@ -83,6 +83,10 @@ def test_the_bundle_holds_the_layers_in_graph_order(bert: dict[str, Path]) -> No
     assert positions == sorted(positions)  # embeddings, then block 0, block 1, the pooler
     sequence = {entry["name"] for entry in manifest["layers"] if entry["sequence"]}
     assert "transformer_layer_1" in sequence and "pooled_dense" not in sequence
+    axes = {entry["name"]: entry["sequence_axes"] for entry in manifest["layers"]}
+    assert axes["transformer_layer_1"] == [1] and axes["pooled_dense"] == []
+    scores = [name for name, found in axes.items() if found == [2, 3]]  # each block's attention scores and probs
+    assert scores and all("self_attention_layer" in name for name in scores), scores
 
 
 @pytest.mark.parametrize("file_format", ["tflite", "onnx"])

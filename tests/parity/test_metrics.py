@@ -52,6 +52,40 @@ def test_a_hidden_axis_as_long_as_the_sequence_is_not_masked() -> None:
     assert compare_output("tokens", actual, expected, FP32_TOLERANCE, valid, sequence=True).within_tolerance
 
 
+def test_attention_scores_leave_out_padded_queries_and_keys() -> None:
+    """A layer's attention scores [batch, heads, query, key] run along the sequence on their last two axes: an
+    error where either the query or the key is padding (masked away by the softmax after) does not count; one at
+    valid positions does, and the heads axis, as long as the sequence here, is never masked."""
+    from pe_export.layers.compare import LayerComparison
+
+    expected = np.zeros((2, 4, 4, 4))
+    valid = np.array([[True] * 4, [True, True, True, False]])
+
+    def verdict(actual: np.ndarray) -> bool:
+        comparison = LayerComparison({"scores": "t"}, FP32_TOLERANCE, {"scores": (2, 3)})
+        comparison.update({"t": actual}, {"scores": expected}, valid)
+        return comparison.result()[0].ok
+
+    padded = expected.copy()
+    padded[1, :, 0, 3] = padded[1, :, 3, 0] = 9.0  # a padded key, a padded query
+    assert verdict(padded)
+    inside = expected.copy()
+    inside[1, 3, 2, 2] = 9.0  # a valid query and key, in the head whose index is the padded position's
+    assert not verdict(inside)
+    old_layout = LayerComparison({"scores": "t"}, FP32_TOLERANCE, {})  # no sequence axes: everything counts
+    old_layout.update({"t": padded}, {"scores": expected}, valid)
+    assert not old_layout.result()[0].ok
+
+
+def test_golden_records_the_sequence_axes_of_each_layer() -> None:
+    from pe_export.golden import _sequence_axes
+
+    assert _sequence_axes((2, 12, 6, 6), 6) == [2, 3]  # scores, whatever the heads
+    assert _sequence_axes((2, 6, 6, 6), 6) == [2, 3]  # heads as many as positions
+    assert _sequence_axes((2, 6, 384), 6) == [1] and _sequence_axes((2, 6, 12, 32), 6) == [1]
+    assert _sequence_axes((2, 384), 384) == [] and _sequence_axes((2, 6, 384), 384) == []
+
+
 def test_sequence_outputs_come_from_the_signature() -> None:
     """Dynamic length: outputs whose axis 1 is dynamic too; fixed length 384: rank 3 with axis 1 of 384 only."""
     dynamic_in = [TensorSpec("ids", "int32", (None, None))]
