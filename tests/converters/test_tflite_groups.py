@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,20 +131,28 @@ def worst_cosine(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarr
     )  # fmt: skip
 
 
-def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes, bytes], tmp_path: Path) -> None:
-    """A target that every weight int8 misses and groups meet: the wide FC goes to groups, nothing float; a target
-    groups miss too: weights kept float in the file with every other FC grouped, and the note says so."""
-    from pe_export.converters.tflite_groups import ESCALATED_TO
-    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured, int8_to_target
+def search_start(wide_files: tuple[bytes, bytes], tmp_path: Path) -> tuple[list, list, list, Any]:
+    """(feeds, masks, the float file's outputs, the edited file) the search starts from, smoothed as it smooths
+    it: built with nothing kept it is every weight int8, with ``groupable()`` grouped the wide FC in groups."""
+    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
 
     float_file, quantized = wide_files
     feeds = group_feeds(5)
     masks: list[np.ndarray | None] = [None] * len(feeds)
-    reference = run(float_file, feeds, tmp_path)
-    # the files the search starts from, smoothed as it smooths them: every weight int8, and the wide FC in groups
     edited = DynamicRangeFile(quantized, float_file)
     capturing, names = edited.capturing(list(edited.smoothable()))
     edited.smooth(_captured(capturing, names, feeds, masks, tmp_path, rows_alone=True))
+    return feeds, masks, run(float_file, feeds, tmp_path), edited
+
+
+def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes, bytes], tmp_path: Path) -> None:
+    """A target that every weight int8 misses and groups meet: the wide FC goes to groups, nothing float; a target
+    groups miss too: weights kept float in the file with every other FC grouped, and the note says so."""
+    from pe_export.converters.tflite_groups import ESCALATED_TO
+    from pe_export.converters.tflite_int8 import int8_to_target
+
+    float_file, quantized = wide_files
+    feeds, masks, reference, edited = search_start(wide_files, tmp_path)
     wide = edited.groupable()
     int8 = worst_cosine(run(edited.build([]), feeds, tmp_path), reference)
     grouped = worst_cosine(run(edited.build([], wide), feeds, tmp_path), reference)
@@ -192,15 +201,10 @@ def test_the_search_chooses_against_its_share_of_the_error(wide_files: tuple[byt
     its target, and new inputs read worse), weights float, the choice figure over the tighter target, the note
     naming both."""
     from pe_export.converters.tflite_groups import ESCALATED_TO
-    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured, int8_to_target
+    from pe_export.converters.tflite_int8 import int8_to_target
 
     float_file, quantized = wide_files
-    feeds = group_feeds(5)
-    masks: list[np.ndarray | None] = [None] * len(feeds)
-    reference = run(float_file, feeds, tmp_path)
-    edited = DynamicRangeFile(quantized, float_file)
-    capturing, names = edited.capturing(list(edited.smoothable()))
-    edited.smooth(_captured(capturing, names, feeds, masks, tmp_path, rows_alone=True))
+    feeds, masks, reference, edited = search_start(wide_files, tmp_path)
     grouped = worst_cosine(run(edited.build([], edited.groupable()), feeds, tmp_path), reference)
     target = 1 - 1.2 * (1 - grouped)  # groups meet it, with a fifth of their error to spare: not half
     plain = int8_to_target(quantized, float_file, feeds, masks, by_cosine(target), choice_share=1.0)
