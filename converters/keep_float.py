@@ -471,3 +471,27 @@ def with_choice_margin(target: Tolerance, share: float, fitted: str) -> tuple[To
         f"chosen against cosine >= {chosen.min_cosine:g} ({share:g} of the error the target {target.min_cosine:g} "
         f"allows: {fitted} fitted to these inputs read better there than on new ones)"
     )
+
+
+def cut_back_after_float(
+    floated: KeepFloatOutcome,
+    escalatable: list[str],
+    cut_back: Callable[[list[str], list[str]], KeepFloatOutcome],
+    escalated_bytes: Callable[[list[str]], int],
+) -> KeepFloatOutcome:
+    """After ``floated``, a float search run with every other of ``escalatable`` escalated (TFLite's FCs in groups,
+    ONNX's MatMuls block-wise): the fewest of those left escalated, by ``cut_back(fixed float, rest)``, the float
+    search in ``before``. ``floated`` itself where none is left, or where the cut-back finds no file (not expected:
+    every one of them escalated is the file that met the target); ``escalated_bytes``: what escalating names adds."""
+    fixed = list(floated.kept_float)
+    rest = [name for name in escalatable if name not in set(fixed)]
+    if not rest:
+        return floated
+    try:
+        outcome = cut_back(fixed, rest)
+    except ParityError:
+        floated.float_bytes += escalated_bytes(rest)
+        return floated
+    outcome.before = [floated]
+    outcome.float_bytes = escalated_bytes(outcome.kept_float)
+    return outcome

@@ -26,6 +26,7 @@ from pe_export.constants import ONNX_INT8_KERNEL, OUTLIER_CHANNELS
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
+    cut_back_after_float,
     keep_float_to_target,
     resolve_asked,
     with_choice_margin,
@@ -199,22 +200,24 @@ def _float_over_blocks(
     except ParityError:
         return None
     floated.steps = list(steps)
-    fixed = list(floated.kept_float)
-    rest = [name for name in matmuls if name not in set(fixed)]
-    if not rest:
-        return floated
-    try:
-        outcome = keep_float_to_target(
-            rest, sizes, lambda kept: escalating.build([*fixed, *kept], floated=fixed), _run, judging, tolerance,
-            kinds, kept_bytes=1, escalated_to=ESCALATED_TO,
-        )  # fmt: skip
-    except ParityError:  # not expected: every one of them block-wise is the file that met the target
-        outcome = floated
-        outcome.model = escalating.build([*fixed, *rest], floated=fixed)
-        return outcome
-    outcome.before = [floated]
-    outcome.steps = [BLOCKS_SPEED_NOTE] if outcome.kept_float else []
-    outcome.float_bytes = _escalated_bytes(outcome, kinds)
+    outcome = cut_back_after_float(
+        floated,
+        matmuls,
+        lambda fixed, rest: keep_float_to_target(
+            rest,
+            sizes,
+            lambda kept: escalating.build([*fixed, *kept], floated=fixed),
+            _run,
+            judging,
+            tolerance,
+            kinds,
+            kept_bytes=1,
+            escalated_to=ESCALATED_TO,
+        ),
+        lambda names: sum(sizes[name] // BLOCK for name in names),  # a block's float32 scale (_escalated_bytes)
+    )
+    if outcome is not floated and outcome.kept_float:
+        outcome.steps = [BLOCKS_SPEED_NOTE]
     return outcome
 
 

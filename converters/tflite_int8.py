@@ -36,6 +36,7 @@ import numpy as np
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
+    cut_back_after_float,
     keep_float_to_target,
     resolve_asked,
     with_choice_margin,
@@ -343,27 +344,21 @@ def int8_to_target(
             kept_bytes=2,  # DynamicRangeFile.build: kept weights in float16 storage
         )
         floated.steps = steps
-        rest = [name for name in groupable if name not in set(floated.kept_float)]
-        if not rest:
-            return floated
         # The groups that float made unneeded go back to plain int8: fewer ops (measured on MiniLM at 0.999: 8 of
         # the 27 FCs left in groups met it where all 27 did, held out 0.99931 against 0.99934)
-        fixed = list(floated.kept_float)
-        try:
-            outcome = search(
+        return cut_back_after_float(
+            floated,
+            groupable,
+            lambda fixed, rest: search(
                 rest,
                 build=lambda kept: edited.build(fixed, kept),
                 asked=[],
                 kept_bytes=1,
                 escalated_to=ESCALATED_TO,
                 rank_costs=group_ops,
-            )
-        except ParityError:  # not expected: every one of them in groups is the file that met the target
-            floated.float_bytes += sum(_group_step_bytes(edited, name) for name in rest)
-            return floated
-    outcome.before = [floated]
-    outcome.float_bytes = sum(_group_step_bytes(edited, name) for name in outcome.kept_float)
-    return outcome
+            ),
+            lambda names: sum(_group_step_bytes(edited, name) for name in names),
+        )
 
 
 def _group_step_bytes(edited: DynamicRangeFile, name: str) -> int:
