@@ -184,18 +184,20 @@ class _LayerStore:
     def entries(self) -> list[dict[str, Any]]:
         """The manifest's layer entries: name, dtype, shape (batch axis open), the graph tensor, sequence axis."""
         tensors = {layer.name: layer.tensor for layer in self.tap.layers}
-        return [
-            {
-                "name": name,
-                "dtype": value.dtype.name,
-                "shape": [None, *value.shape[1:]],
-                "tensor": tensors[name],
-                # the padding mask applies where axis 1 runs along the checked sequence (as for the outputs)
-                "sequence": _sequence_axes(value.shape, self.seq_len) == [1],
-                "sequence_axes": _sequence_axes(value.shape, self.seq_len),
-            }
-            for name, value in self._specs.items()
-        ]
+        entries = []
+        for name, value in self._specs.items():
+            axes = _sequence_axes(value.shape, self.seq_len)
+            entries.append(
+                {
+                    "name": name,
+                    "dtype": value.dtype.name,
+                    "shape": [None, *value.shape[1:]],
+                    "tensor": tensors[name],
+                    "sequence": axes == [1],  # axis 1 runs along the checked sequence, for readers of before
+                    "sequence_axes": axes,  # every axis the padding mask applies along
+                }
+            )
+        return entries
 
 
 def _sequence_axes(shape: tuple[int, ...], length: int | None) -> list[int]:

@@ -87,13 +87,11 @@ class OutputAccumulator:
         e = np.asarray(expected, dtype=np.float64)
         if a.shape != e.shape:
             raise ValueError(f"output {self.name!r}: shape {a.shape} does not match reference {e.shape}")
-        # The padding mask applies to an output whose axis 1 is the sequence, where it covers [batch, seq].
+        # The padding mask applies along the sequence axes (axis 1 of an output), where it covers [batch, seq].
+        axes = self.sequence_axes if self.sequence is not False else ()
+        include = _valid_along(a.shape, valid, axes)
         fits = valid is not None and a.ndim >= 2 and a.shape[:2] == valid.shape
-        mask = valid if fits and self.sequence is not False and self.sequence_axes == (1,) else None
-        if mask is not None:
-            include = np.broadcast_to(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a.shape)
-        else:
-            include = _valid_along(a.shape, valid, self.sequence_axes if self.sequence is not False else ())
+        mask = valid if fits and axes == (1,) else None  # [batch, seq] statistics: positions, pooled rows
         nan = np.isnan(a) & include
         inf = np.isinf(a) & include
         finite = include & ~nan & ~inf
