@@ -11,8 +11,10 @@ converter, the same tensor names) as the source of the float weights and activat
 - smoothing (SmoothQuant, as in ``onnx_smooth``): for a FULLY_CONNECTED ``x·Wᵀ``, a MUL by 1/s on x and
   W's input columns times s, requantized per output channel; α per input tensor from a grid, by a
   simulation of the hybrid kernel's per-row quantization on the captured activations;
-- keep-float: a hybrid kernel also takes a float32 weight and then runs as a float kernel; an int8
-  table read by GATHER then DEQUANTIZE is gathered in float32 straight into the DEQUANTIZE's output;
+- tables: an int8 table read by GATHER then DEQUANTIZE gets a step per row (``tflite_table_int8``; the
+  converter gives the whole table one);
+- keep-float: a hybrid kernel also takes a float32 weight and then runs as a float kernel; a table kept
+  float is gathered in float32 straight into what its rows' last op wrote;
 - groups (``tflite_groups``): an FC as one hybrid FC per group of input channels, a step per group.
 
 Measured on all-MiniLM-L6-v2, worst of 8 real sentences' pooled cosine: 0.99838 as the converter
@@ -50,6 +52,7 @@ from pe_export.converters.smoothing import (
 )
 from pe_export.converters.tflite_groups import ESCALATED_TO, GroupedFC, group_count, split_into_groups, step_bytes
 from pe_export.converters.tflite_objects import add_buffer, add_constant, add_like, new_op, per_output_channel_int8
+from pe_export.converters.tflite_table_int8 import rowwise_steps
 from pe_export.errors import ParityError
 from pe_export.parity.tolerances import DYNAMIC_INT8_CHOICE_SHARE, Tolerance
 from pe_export.provenance import pack_tflite
@@ -69,7 +72,7 @@ class _Weight:
     values: np.ndarray  # its float32 weight (smoothed, once smoothing ran)
     op: Any  # the one operator that reads it
     op_name: str
-    dequantize: Any = None  # GATHER only: the DEQUANTIZE of the gathered int8 rows
+    rows_ops: tuple[Any, ...] = ()  # GATHER only: the ops that make its int8 rows float (``tflite_table_int8``)
 
 
 class DynamicRangeFile:
@@ -111,15 +114,17 @@ class DynamicRangeFile:
             values = self._float_source(tensor, float_tensors)
             if values is not None:
                 key = tensor.name.decode() if counts[tensor.name] == 1 else f"{tensor.name.decode()}#{index}"
-                self.weights[key] = _Weight(  # ``values`` is never written in place: smoothing makes new arrays
-                    tensor, values, op, str(name), dequantizes[int(op.outputs[0])] if gather else None
-                )
+                # ``values`` is never written in place: smoothing makes new arrays
+                self.weights[key] = _Weight(tensor, values, op, str(name))
         shared: dict[int, int] = defaultdict(int)
         for tensor in (t for g in self.model.subgraphs for t in g.tensors):
             shared[tensor.buffer] += 1
         for weight in self.weights.values():  # each weight's bytes are rewritten in place: give it its own
             if shared[weight.tensor.buffer] > 1:
                 weight.tensor.buffer = add_buffer(self.model, self.model.buffers[weight.tensor.buffer].data)
+            if weight.op_name == "GATHER":  # a step per row of the table (the converter gives it one in all)
+                dequantize = dequantizes[int(weight.op.outputs[0])]
+                weight.rows_ops = tuple(rowwise_steps(self.model, weight.op, dequantize, weight.values))
 
     def _float_source(self, tensor: Any, float_tensors: dict[bytes, np.ndarray]) -> np.ndarray | None:
         """The float32 file's weight that ``tensor`` quantizes: the one of the same name, else (the converter
@@ -230,11 +235,12 @@ class DynamicRangeFile:
             saved.append((tensor, tensor.type, tensor.quantization, buffer, buffer.data, op, op.outputs, op.inputs))
             buffer.data = np.frombuffer(weight.values.astype(np.float16).tobytes(), np.uint8)
             tensor.type, tensor.quantization = self._schema.TensorType.FLOAT16, None
-            at = 0 if weight.dequantize is not None else WEIGHT_INPUT
+            at = 0 if weight.rows_ops else WEIGHT_INPUT
             op.inputs = [*op.inputs[:at], self._dequantized(int(op.inputs[at]), op), *op.inputs[at + 1 :]]
-            if weight.dequantize is not None:
-                op.outputs = list(weight.dequantize.outputs)
-                graph.operators.remove(weight.dequantize)
+            if weight.rows_ops:  # the float rows go straight to where the last of its row ops wrote
+                op.outputs = list(weight.rows_ops[-1].outputs)
+                for row_op in weight.rows_ops:
+                    graph.operators.remove(row_op)
         groups = [self.weights[name] for name in grouped if name not in set(kept)]
         split_into_groups(self.model, [GroupedFC(w.op, int(w.op.inputs[WEIGHT_INPUT]), w.values) for w in groups])
         try:
