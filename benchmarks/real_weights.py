@@ -1,6 +1,7 @@
 """Real weights, side by side: all-MiniLM-L6-v2 exported in every precision and with --compress 64,
 each judged on real sentences (worst sentence's cosine of mean-pooled embeddings against float32
-TensorFlow, one sentence per call, unpadded), with file bytes and p50 latency (batch 1, one thread).
+TensorFlow, one sentence per call, unpadded), with file bytes and p50 latency (batch 1, one thread; each file
+timed taking turns with its format's fp32 file, the ratio the median of the rounds' ratios).
 
     python benchmarks/real_weights.py [--runs 100] [--formats tflite onnx] [--sentences varied] [--only int8]
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -144,16 +147,28 @@ def worst_cosines(outputs: list[np.ndarray], reference: list[np.ndarray], counts
 # Timing runs in a fresh interpreter that never imports TensorFlow: in the exporting process TF's idle
 # thread pools share the two cores with the runtime, which slowed onnxruntime's int8 kernels most
 # (all-int8 ONNX MiniLM: 0.68× of fp32 there, 0.43× in a clean process).
+# The file and its format's fp32 file take turns in one process (``rounds`` of ``runs`` calls each), so that this
+# machine's drift (20-30% between processes on a 2-core host) falls on both alike: the ratio is the median over
+# rounds of the file's median against fp32's in the same round.
 TIMING = """
-import statistics, sys
+import json, statistics, sys
 import numpy as np
 from pathlib import Path
 from pe_export.bench import time_calls
 from pe_export.runners import create_runner
-path, runtime, feed, runs = Path(sys.argv[1]), sys.argv[2], dict(np.load(sys.argv[3])), int(sys.argv[4])
-with create_runner(runtime, path, threads=1) as runner:
-    print(statistics.median(time_calls(runner, feed, runs, warmup=10)))
+paths, runtime, runs, rounds = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+feeds = [dict(np.load(f)) for f in json.loads(sys.argv[5])]
+runners = [create_runner(runtime, Path(p), threads=1) for p in paths]
+for runner in runners:
+    runner.activate()
+medians = [[] for _ in paths]
+for _ in range(rounds):
+    for median, runner, feed in zip(medians, runners, feeds):
+        median.append(statistics.median(time_calls(runner, feed, runs, warmup=10)))
+ratios = [a / b for a, b in zip(medians[0], medians[-1])]
+print(json.dumps([statistics.median(medians[0]), statistics.median(ratios)]))
 """
+ROUNDS = 5
 
 
 def timed_feed(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -169,23 +184,39 @@ def padded(feed: dict[str, np.ndarray], length: int | None) -> dict[str, np.ndar
 
 
 def measure(
-    path: Path, runtime: str, feeds: list[dict[str, np.ndarray]], timed: dict[str, np.ndarray], runs: int
-) -> tuple[list[np.ndarray], float]:
-    with create_runner(runtime, path, threads=1) as runner:
-        length = runner.input_specs()[0].shape[-1]  # None where the sequence axis is dynamic
-        outputs = [
-            runner.infer(padded(feed, length))["sequence_output"][:, : feed["token_ids"].shape[1]] for feed in feeds
-        ]
-    feed = path.with_suffix(".feed.npz")
-    np.savez(feed, **padded(timed, length))
-    timed = subprocess.run(
-        [sys.executable, "-c", TIMING, str(path), runtime, str(feed), str(runs)],
+    path: Path,
+    runtime: str,
+    feeds: list[dict[str, np.ndarray]],
+    timed: dict[str, np.ndarray],
+    runs: int,
+    base: Path | None = None,
+) -> tuple[list[np.ndarray], float, float]:
+    """The file's outputs on ``feeds``, its p50 (ms) and its p50 against ``base``'s (timed taking turns with it;
+    1.0 without one)."""
+    outputs = []
+    fed = []
+    for timed_path in [path] if base is None else [path, base]:
+        with create_runner(runtime, timed_path, threads=1) as runner:
+            length = runner.input_specs()[0].shape[-1]  # None where the sequence axis is dynamic
+            if timed_path == path:
+                outputs = [
+                    runner.infer(padded(feed, length))["sequence_output"][:, : feed["token_ids"].shape[1]]
+                    for feed in feeds
+                ]
+        feed_file = timed_path.with_suffix(".feed.npz")
+        np.savez(feed_file, **padded(timed, length))
+        fed.append(feed_file)
+    paths = [str(path)] if base is None else [str(path), str(base)]
+    feeds_arg = [json.dumps([str(f) for f in fed])]
+    result = subprocess.run(
+        [sys.executable, "-c", TIMING, json.dumps(paths), runtime, str(-(-runs // ROUNDS)), str(ROUNDS), *feeds_arg],
         capture_output=True,
         text=True,
         check=True,
         cwd=REPO,
     )
-    return outputs, float(timed.stdout.strip().splitlines()[-1])
+    p50, ratio = json.loads(result.stdout.strip().splitlines()[-1])
+    return outputs, float(p50), float(ratio)
 
 
 def runtime_default(mode: str, saved: Path, fp32: Path, output: Path, given: list[dict[str, np.ndarray]]) -> None:
@@ -222,6 +253,41 @@ def runtime_default(mode: str, saved: Path, fp32: Path, output: Path, given: lis
         quantize_static(str(fp32), str(output), Reader(), per_channel=True, op_types_to_quantize=["MatMul"])
 
 
+def make_row(
+    label: str,
+    target: str,
+    extra: dict[str, Any] | str,
+    path: Path,
+    saved: Path,
+    given: list[dict[str, np.ndarray]],
+    text: TextInputs,
+    holdout: Path | None,
+) -> tuple[Path | None, str]:
+    """A row's file (None where nothing was written, the row then printed) and its exit code ("-" for a
+    converter's own mode)."""
+    if isinstance(extra, str):
+        fp32 = path.with_name(f"{VARIANTS.index(('fp32', target, {}))}.{target}")
+        try:
+            runtime_default(extra, saved, fp32, path, given)
+        except Exception as err:  # the converter's own failure is the row's figure
+            print(f"{target:<7} {label:<52} fails: {str(err).strip().splitlines()[-1][:160]}", flush=True)
+            return None, "-"
+        return path, "-"
+    export = export_tflite if target == "tflite" else export_onnx
+    options = ExportOptions(text=text, holdout=holdout, keep_failed=True, **extra)
+    try:
+        code = str(int(export(saved, path, options).exit_code))
+    except PeExportError as err:
+        code = str(int(err.exit_code))
+    failed = path.with_name(f"{path.stem}.FAILED{path.suffix}")  # refused by its gate: kept to be measured
+    if not path.exists() and failed.exists():
+        path = failed
+    if not path.exists():
+        print(f"{target:<7} {label:<52} {code:>4} (nothing written)", flush=True)
+        return None, code
+    return path, code
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
@@ -252,39 +318,23 @@ def main() -> None:
         f"{'format':<7} {'variant':<52} {'exit':>4} {'file B':>12} {'× fp32':>7} {'cosine':>10} {'held-out':>10} "
         f"{'fresh':>10} {'unseen':>10} {'p50 ms':>8} {'× fp32':>7}"
     )
-    base: dict[str, tuple[int, float]] = {}
+    base: dict[str, tuple[int, Path]] = {}  # each format's fp32 file: its bytes, where it is
     for index, (label, target, extra) in enumerate(VARIANTS):
         if target not in args.formats or (args.only and args.only not in label and label != "fp32"):
             continue
-        path = work / f"{index}.{target}"
-        if isinstance(extra, str):
-            fp32 = work / f"{VARIANTS.index(('fp32', target, {}))}.{target}"
-            try:
-                runtime_default(extra, saved, fp32, path, given)
-            except Exception as err:  # the converter's own failure is the row's figure
-                print(f"{target:<7} {label:<52} fails: {str(err).strip().splitlines()[-1][:160]}", flush=True)
-                continue
-            code = "-"
-        else:
-            export = export_tflite if target == "tflite" else export_onnx
-            options = ExportOptions(text=text, holdout=holdout, keep_failed=True, **extra)
-            try:
-                code = str(int(export(saved, path, options).exit_code))
-            except PeExportError as err:
-                code = str(int(err.exit_code))
-            failed = path.with_name(f"{path.stem}.FAILED{path.suffix}")  # refused by its gate: kept to be measured
-            if not path.exists() and failed.exists():
-                path = failed
-            if not path.exists():
-                print(f"{target:<7} {label:<52} {code:>4} (nothing written)", flush=True)
-                continue
-        outputs, p50 = measure(path, RUNNERS[target], given + held_out + fresh + unseen, timed, args.runs)
+        path, code = make_row(label, target, extra, work / f"{index}.{target}", saved, given, text, holdout)
+        if path is None:
+            continue
+        fp32 = base.get(target)
+        outputs, p50, ratio = measure(
+            path, RUNNERS[target], given + held_out + fresh + unseen, timed, args.runs, fp32[1] if fp32 else None
+        )
         size = path.stat().st_size
-        base.setdefault(target, (size, p50))
+        base.setdefault(target, (size, path))
         cosines = worst_cosines(outputs, reference, [len(given), len(held_out), len(fresh), len(unseen)])
         print(
             f"{target:<7} {label:<52} {code:>4} {size:>12,} {size / base[target][0]:>6.2f}x {cosines} {p50:>8.2f} "
-            f"{p50 / base[target][1]:>6.2f}x",
+            f"{ratio:>6.2f}x",
             flush=True,
         )
 

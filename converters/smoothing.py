@@ -43,6 +43,8 @@ class Smoothing:
     outlier_channels: int = 0
     outlier_bytes: int = 0  # the float rows those products read
     beside: tuple[str, ...] = ()  # the nodes of those products: never quantized
+    rotated: int = 0  # inputs rotated by a block Hadamard instead (``hadamard``)
+    rotation_block: int = 0  # its channels per block
 
     def note(self) -> str:
         split = (
@@ -51,9 +53,14 @@ class Smoothing:
             if self.outlier_channels
             else ""
         )
+        rotated = (
+            f", {self.rotated} rotated by a block Hadamard of {self.rotation_block} channels instead"
+            if self.rotated
+            else ""
+        )
         return (
             f"activations smoothed into the weights before quantizing ({self.smoothed} of {self.tensors} "
-            f"{self.what} inputs{split}; simulated int8 error {self.error_before:.2e} → "
+            f"{self.what} inputs{rotated}{split}; simulated int8 error {self.error_before:.2e} → "
             f"{self.error_after:.2e})"
         )
 
@@ -121,15 +128,6 @@ def best_scale(
             best_error, best_alpha, best = error, alpha, scale
     energy = sum(float(np.square(e).sum()) for e in exact)
     return TensorChoice(plain if np.isfinite(plain) else 0.0, best_error, energy, best_alpha, best)
-
-
-def choose_scales(
-    groups: dict[str, tuple[Activations, np.ndarray]], quantized: QuantizedActivations, what: str
-) -> tuple[dict[str, np.ndarray], Smoothing]:
-    """For each activation tensor (its captured activations, the joined weights [inputs, outputs] of the
-    ops that read it), the scale s of the best α; only tensors where α > 0 won are returned."""
-    choices = {tensor: best_scale(*group, quantized) for tensor, group in groups.items()}
-    return scales_of(choices, what)
 
 
 def scales_of(choices: dict[str, TensorChoice], what: str) -> tuple[dict[str, np.ndarray], Smoothing]:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.hadamard import ROTATION_BLOCK, choose_rotations, hadamard, rotated_weight
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
@@ -46,8 +47,9 @@ from pe_export.converters.keep_float import (
 from pe_export.converters.smoothing import (
     SMOOTHING_ROWS,
     Smoothing,
-    choose_scales,
+    best_scale,
     range_quantized,
+    scales_of,
     thinned,
 )
 from pe_export.converters.tflite_groups import ESCALATED_TO, GroupedFC, group_count, split_into_groups, step_bytes
@@ -175,10 +177,55 @@ class DynamicRangeFile:
             joined = np.concatenate([self.weights[n].values for n in names], axis=0).T  # [inputs, outputs]
             if rows is not None and rows.size and rows.shape[-1] == joined.shape[0]:
                 groups[tensor] = (thinned([rows]), joined)  # each row its own range: one call stands for all
-        chosen, smoothing = choose_scales(groups, _row_quantized, "FULLY_CONNECTED")
+        choices = {tensor: best_scale(*group, _row_quantized) for tensor, group in groups.items()}
+        graph = self.model.subgraphs[0]
+        rows_only = {t: g for t, g in groups.items() if len(graph.tensors[self._unique[t]].shape) == 2}
+        rotations = choose_rotations(rows_only, choices, _row_quantized)  # a rotated input is reshaped to rows
+        choices.update(rotations)  # smoothed (where their α > 0), then rotated
+        chosen, smoothing = scales_of(choices, "FULLY_CONNECTED")
         for tensor, scale in chosen.items():
             self._insert_mul(tensor, scale, readers[tensor])
-        return replace(smoothing, tensors=len(readers))
+        for tensor in rotations:
+            self._insert_rotation(tensor, readers[tensor])
+        return replace(smoothing, tensors=len(readers), rotated=len(rotations), rotation_block=ROTATION_BLOCK)
+
+    def _insert_rotation(self, tensor_name: str, weight_names: list[str]) -> None:
+        """Before the FCs of ``weight_names``: x·H block by block (a float FC by H, which the runtime applies to
+        x's rows cut into blocks, then a RESHAPE back to x's rows), their weights Hᵀ·W, requantized."""
+        schema = self._schema
+        graph = self.model.subgraphs[0]
+        source = int(self.weights[weight_names[0]].op.inputs[0])  # the tensor, or its smoothing MUL's output
+        channels = self.weights[weight_names[0]].values.shape[1]
+        matrix = add_constant(
+            self.model, f"{tensor_name}/hadamard", hadamard(ROTATION_BLOCK), schema.TensorType.FLOAT32
+        )
+        blocks = add_like(self.model, source, "/hadamard_blocks", schema.TensorType.FLOAT32)
+        rows = int(np.prod(graph.tensors[source].shape)) // ROTATION_BLOCK
+        dynamic = graph.tensors[source].shapeSignature is not None and -1 in list(graph.tensors[source].shapeSignature)
+        graph.tensors[blocks].shape = [rows, ROTATION_BLOCK]
+        graph.tensors[blocks].shapeSignature = [-1 if dynamic else rows, ROTATION_BLOCK]
+        rotated = add_like(self.model, source, "/rotated", schema.TensorType.FLOAT32)
+        shape = np.array([-1, channels], np.int32)
+        new_shape = add_constant(self.model, f"{tensor_name}/rotated_shape", shape, schema.TensorType.INT32)
+        reshape_options = schema.ReshapeOptionsT()
+        reshape_options.newShape = shape.tolist()
+        ops = [  # H is symmetric: the FC's weight [outputs, inputs] is H itself
+            new_op(
+                self.model,
+                schema.BuiltinOperator.FULLY_CONNECTED,
+                [source, matrix, -1],
+                [blocks],
+                schema.FullyConnectedOptionsT(),
+            ),
+            new_op(self.model, schema.BuiltinOperator.RESHAPE, [blocks, new_shape], [rotated], reshape_options),
+        ]
+        first = min(graph.operators.index(self.weights[n].op) for n in weight_names)
+        graph.operators[first:first] = ops
+        for name in weight_names:
+            weight = self.weights[name]
+            weight.op.inputs[0] = rotated
+            weight.values = np.ascontiguousarray(rotated_weight(weight.values.T).T)
+            self._requantize(weight)
 
     def _insert_mul(self, tensor_name: str, scale: np.ndarray, weight_names: list[str]) -> None:
         schema = self._schema
