@@ -33,6 +33,9 @@ def rowwise_steps(model: Any, gather: Any, dequantize: Any, values: np.ndarray) 
     for tensor in (table, rows):  # the int8 values are the row's multiples of its step
         tensor.quantization = _unit_step()
     output = int(dequantize.outputs[0])
+    # The float rows take the lookup's own name (the float32 file's, which the layer map carries over by name); its
+    # int8 rows, with a step of 1 now, would read as multiples of the step there
+    graph.tensors[output].name, rows.name = rows.name, rows.name + b"/int8"
     unscaled = add_like(model, output, "/unscaled")
     dequantize.outputs = [unscaled]
     step_table = add_constant(

@@ -112,7 +112,7 @@ def test_the_minilm_int8_example_runs_as_written(minilm, fp32_tflite: tuple[int,
     """examples/minilm-int8/README.md, its four commands as written, the checkpoint's SavedModel with its
     tokenizer.json at all-minilm-folder/: smoothed on the sentences' valid positions, every weight int8, the int8
     tolerance on sentences it never saw; --min-cosine 0.999 written only where the held-out sentences meet it;
-    the bundle's layers, and --layers naming where the int8 error passes the element bound."""
+    the bundle's layers, and --layers saying whether (and where first) the int8 error passes the element bound."""
     import json
     import subprocess
 
@@ -139,28 +139,33 @@ def test_the_minilm_int8_example_runs_as_written(minilm, fp32_tflite: tuple[int,
     assert "judged on the 12 of --holdout" in " ".join(notes)
     assert float(TASK.search(default.stdout)[1]) >= 0.99  # the int8 tolerance, on text the export never saw
     assert (tmp_path / "minilm.int8.tflite").stat().st_size <= 0.27 * fp32_tflite[0]
-    assert chosen_cosine(notes) < 0.999  # what the strict target must correct
     written = (tmp_path / "minilm.strict.tflite").exists()
     assert strict.returncode in (0, 1) and (strict.returncode == 0) == written, strict.stderr
     assert not written or float(TASK.search(strict.stdout)[1]) >= 0.999
     assert golden.returncode == 0 and "12 layers' activations" in golden.stdout, golden.stderr
     report = json.loads((tmp_path / "layers.json").read_text())
     assert all(output["within_tolerance"] for output in report["outputs"])  # the outputs pass …
-    first = next(layer for layer in report["layers"] if layer["name"] == report["first_divergence"])
-    assert layers.returncode == 1 and first["cosine"] > 0.999 and first["max_abs"] > 0.5  # … an inner layer not
+    # … and the layers: the exit code is the table's verdict, the first divergence (if any) a layer over its bound
+    over = [layer["name"] for layer in report["layers"] if not layer["ok"]]
+    assert layers.returncode == (1 if over else 0) and report["first_divergence"] == (over[0] if over else None)
+    # the token lookup reads the table's float rows (a step per row, at most the largest row's 1.05 / 127), not the
+    # int8 multiples of the step that the lookup's int8 tensor holds
+    token = next(layer for layer in report["layers"] if layer["name"] == "token_embedding")
+    assert token["max_abs"] <= 0.5001 * 1.0494 / 127, token["max_abs"]
 
 
 def test_tflite_int8_meets_the_accuracy_asked_for(
     minilm, fp32_tflite: tuple[int, float], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """Asked for 0.9993, the most sensitive weights go to groups of input channels (or, where every FC in groups
-    misses, back to float on top of those) until the sentences it chose on meet it; the held-out sentences then say
-    whether the file is written (every weight int8: the example's test above)."""
+    """Asked for 0.9998 (every weight int8 reads 0.9996 where it chose), the most sensitive weights go to groups of
+    input channels (or, where every FC in groups misses, back to float on top of those) until the sentences it chose
+    on meet it; the held-out sentences then say whether the file is written (every weight int8: the example's test
+    above)."""
     fp32 = fp32_tflite[0]
-    strict, _, strict_note = int8_export(minilm, tmp_path / "strict.tflite", min_cosine=0.9993)
+    strict, _, strict_note = int8_export(minilm, tmp_path / "strict.tflite", min_cosine=0.9998)
     # of the 38 int8 weights; groups take the 37 FULLY_CONNECTEDs (the token table stays int8)
     kept = re.search(r"(\d+) of (38|37) int8 weights kept in (float|int8 in groups of \d+ input channels)", strict_note)
-    assert kept and 1 <= int(kept[1]) < int(kept[2]) and chosen_cosine(strict.notes) >= 0.9993, strict_note
+    assert kept and 1 <= int(kept[1]) < int(kept[2]) and chosen_cosine(strict.notes) >= 0.9998, strict_note
     # kept float weights are stored in float16, grouped ones in int8: within issue 25's 0.45x (float32 kept weights
     # took 0.50x on varied text)
     assert kept[3] != "float" or "float16 storage" in strict_note

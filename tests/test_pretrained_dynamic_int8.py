@@ -108,11 +108,15 @@ def test_dynamic_int8_at_0999_holds_on_sentences_it_never_saw(
 
 
 def _int8_fully_connected(path: Path) -> tuple[int, int]:
-    """(FULLY_CONNECTED ops whose weight is int8, all FULLY_CONNECTED ops) of a TFLite file; a group is one op."""
+    """(FULLY_CONNECTED ops whose weight is int8, those whose weight is one of the model's: int8, or float16 kept
+    float and dequantized) of a TFLite file; a group is one op. A rotation's FC by its Hadamard block reads a float32
+    constant, which is neither."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_path=str(path))
     details = {d["index"]: d for d in interpreter.get_tensor_details()}
-    fcs = [op for op in interpreter._get_ops_details() if op["op_name"] == "FULLY_CONNECTED"]
+    ops = interpreter._get_ops_details()
+    dequantized = {output for op in ops if op["op_name"] == "DEQUANTIZE" for output in op["outputs"]}
+    fcs = [op for op in ops if op["op_name"] == "FULLY_CONNECTED"]
     int8 = sum(1 for op in fcs if details[op["inputs"][1]]["dtype"] == np.int8)
-    return int8, len(fcs)
+    return int8, sum(1 for op in fcs if details[op["inputs"][1]]["dtype"] == np.int8 or op["inputs"][1] in dequantized)
