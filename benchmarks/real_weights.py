@@ -168,7 +168,7 @@ for _ in range(rounds):
 ratios = [a / b for a, b in zip(medians[0], medians[-1])]
 print(json.dumps([statistics.median(medians[0]), statistics.median(ratios)]))
 """
-ROUNDS = 5
+ROUNDS = 10
 
 
 def timed_feed(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
