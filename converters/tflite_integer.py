@@ -43,11 +43,6 @@ VARIANCE_HEADROOM = 2.0  # the normalized LayerNorm variance's range over what c
 # lost the learned-table reference's default export; every range x4 rounded a LayerNorm's row peak, an int8 DIV's
 # divisor, to zero.
 ACTIVATION_HEADROOM = 2.0
-# A normalized LayerNorm's divisor (the row's peak |x|) is floored at this many int16 steps of its range: a row of
-# zeros divided by 1e-30, which rounded to the zero point, and LiteRT's DIV refused the call ("data[i] !=
-# zero_point"). LayerNorm is scale-invariant per row: the floor only changes how much of its range a row uses.
-DIVISOR_FLOOR_STEPS = 4
-INT16_LEVELS = 32767
 _QUANTIZER_EXTRA = "pip install 'pe-export[convert]' (ai-edge-quantizer)"
 
 
@@ -104,9 +99,6 @@ class Calibrated:
     # (``_op_scopes``): parsed once, not per quantized candidate (MiniLM's file is 90 MB)
     scopes: dict[str, str] = field(default_factory=dict)
     outputs: tuple[str, set[str]] = ("", set())
-    # the LayerNorms' row peaks and their DIVs (by output name): int16 in every file, an int8 peak's step is a hundred
-    # int16 steps, and a small row's peak rounds to the zero point there
-    divisions: tuple[str, ...] = ()
 
 
 def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: list[str] | None = None) -> Calibrated:
@@ -152,17 +144,10 @@ def calibrate(float_file: bytes, feeds: Iterable[dict[str, np.ndarray]], order: 
     for name in prepared.variances:
         if name in ranges:
             ranges[name]["max"] = np.asarray(ranges[name]["max"]) * VARIANCE_HEADROOM
-    floors = {}
-    for constant, peak, _ in prepared.divisors:  # a few int16 steps of the peak's (widened) range: never the zero point
-        bounds = ranges[peak]
-        largest = float(max(np.abs(np.asarray(bounds["min"])).max(), np.abs(np.asarray(bounds["max"])).max()))
-        floors[constant] = DIVISOR_FLOOR_STEPS * ACTIVATION_HEADROOM * largest / INT16_LEVELS
-    data = set_constants_in_place(prepared.data, {**fills, **floors})
+    data = set_constants_in_place(prepared.data, fills)
     del prepared.data
     release_freed_memory()
-    return Calibrated(
-        data, ranges, prepared.rewrites, *_op_scopes(data), divisions=tuple(n for d in prepared.divisors for n in d[1:])
-    )
+    return Calibrated(data, ranges, prepared.rewrites, *_op_scopes(data))
 
 
 def quantize(
@@ -178,8 +163,6 @@ def quantize(
     quantizer = _quantizer_module()
     scopes, outputs = calibrated.scopes, calibrated.outputs
     recipe = _recipe(default_bits)
-    if default_bits != ACTIVATION_BITS:
-        int16 = {*int16, *calibrated.divisions}
     if int16:
         int16 = set(int16)
         if outputs[1] & int16:  # an int16 result is not narrowed to int8 on its way out

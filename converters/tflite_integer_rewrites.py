@@ -16,7 +16,7 @@ what integer arithmetic cannot hold, each decided from what the graph computes a
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,9 +123,6 @@ class Prepared:
     fills: list[tuple[int, int, int]]  # (fill constant, scores tensor, SELECT_V2 output) by tensor index
     variances: list[str]  # the normalized LayerNorms' variance tensors (and variance + eps), by name
     names: dict[int, str]
-    # each normalized LayerNorm's row peak, the divisor of its DIV: (its floor constant's index, the peak's name,
-    # the DIV's output name)
-    divisors: list[tuple[int, str, str]] = field(default_factory=list)
 
 
 def integer_ready(data: bytes) -> Prepared:
@@ -135,12 +132,12 @@ def integer_ready(data: bytes) -> Prepared:
     rewrites: Counter[str] = Counter()
     rewrites["SQUARED_DIFFERENCE as SUB+MUL"] = _split_squared_differences(graph)
     rewrites["NEG as MUL by -1"] = _negations_as_products(graph)
-    variances, divisors = _normalize_layer_norms(graph)
+    variances = _normalize_layer_norms(graph)
     rewrites["LayerNorm(s) normalized by the row's peak"] = len(variances) // 2
     fills = _mask_fills(graph)
     rewrites["attention mask fill(s) bounded"] = len(fills)
     names = {i: graph.name(i) for fill in fills for i in fill}
-    return Prepared(graph.bytes(), +rewrites, fills, variances, names, divisors)
+    return Prepared(graph.bytes(), +rewrites, fills, variances, names)
 
 
 def _split_squared_differences(graph: IntegerGraph) -> int:
@@ -170,16 +167,13 @@ def _negations_as_products(graph: IntegerGraph) -> int:
     return count
 
 
-def _normalize_layer_norms(graph: IntegerGraph) -> tuple[list[str], list[tuple[int, str, str]]]:
+def _normalize_layer_norms(graph: IntegerGraph) -> list[str]:
     """For each LayerNorm (mean m = MEAN(x); d = SUB(x, m); RSQRT(MEAN(d·d) + eps); x's third reader a MUL by a
-    product of that RSQRT), its three readers of x read x / (floor + peak |x| of the row) instead. Returns the
-    names of each normalized LayerNorm's variance and variance + eps, and each one's (floor constant, peak name,
-    DIV output name):
-    calibration sets the floor to a few of the peak's integer steps, where a row of zeros (a zero-padded input)
-    would otherwise divide by the zero point, which LiteRT's integer DIV refuses."""
+    product of that RSQRT), its three readers of x read x / (peak |x| of the row) instead. Returns the names
+    of each normalized LayerNorm's variance and variance + eps."""
     ops = graph.ops
     producers, readers = graph.producers(), graph.readers()
-    order, variances, divisors = list(graph.graph.operators), [], []
+    order, variances = list(graph.graph.operators), []
     for rsqrt in [op for op in graph.graph.operators if graph.code(op) == ops.RSQRT]:
         found = _layer_norm(graph, rsqrt, producers, readers)
         if found is None:
@@ -204,9 +198,8 @@ def _normalize_layer_norms(graph: IntegerGraph) -> tuple[list[str], list[tuple[i
         at = order.index(first)
         order[at:at] = added
         variances += [graph.name(i) for i in statistics]
-        divisors.append((tiny, graph.name(peak), graph.name(scaled)))
     graph.graph.operators = order
-    return variances, divisors
+    return variances
 
 
 def _layer_norm(

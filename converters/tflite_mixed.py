@@ -110,7 +110,7 @@ def mixed_integer(
     ops = activation_ops(calibrated.data)
     names = [op.name for op in ops]
     floats = resolve_asked(keep_float, names, "activation", option="--keep-float")
-    candidates = [name for name in names if name not in {*floats, *calibrated.divisions}]  # always int16
+    candidates = [name for name in names if name not in set(floats)]
     asked = resolve_asked(keep_int16, candidates, "activation", option="--keep-int16")
     feeds, masks, sequence = judging_inputs
 

@@ -99,14 +99,8 @@ def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: byte
 
 def test_calibration_bounds_the_mask_fills_in_place_and_changes_nothing_else(float_file: bytes) -> None:
     """The fills written into the file's bytes where they lie: each one below the largest score calibration saw
-    by the margin, each LayerNorm's divisor floor a few int16 steps of its peak's range, every other buffer and the
-    graph byte for byte the integer-ready file's."""
-    from pe_export.converters.tflite_integer import (
-        ACTIVATION_HEADROOM,
-        DIVISOR_FLOOR_STEPS,
-        MASK_FILL_MARGIN,
-        calibrate,
-    )
+    by the margin, every other buffer and the graph byte for byte the integer-ready file's."""
+    from pe_export.converters.tflite_integer import MASK_FILL_MARGIN, calibrate
     from pe_export.converters.tflite_integer_rewrites import IntegerGraph, integer_ready
 
     prepared = integer_ready(float_file)
@@ -121,16 +115,6 @@ def test_calibration_bounds_the_mask_fills_in_place_and_changes_nothing_else(flo
         assert values is not None and np.all(values == values[0]), values
         converter_fill = before.constant(constant)
         assert converter_fill is not None and converter_fill[0] < values[0] <= -(peak + MASK_FILL_MARGIN)
-    floors = {constant for constant, _, _ in prepared.divisors}
-    assert len(floors) == 2 * LAYERS + 1  # every LayerNorm's divisor floor: a few int16 steps of its peak's range
-    for constant, peak, _ in prepared.divisors:
-        largest = max(abs(float(np.min(calibrated.ranges[peak]["min"]))), float(np.max(calibrated.ranges[peak]["max"])))
-        floor = after.constant(constant)
-        assert floor is not None and floor[0] == pytest.approx(
-            DIVISOR_FLOOR_STEPS * ACTIVATION_HEADROOM * largest / 32767, rel=1e-6
-        )
-        assert 0 < before.constant(constant)[0] < 1e-20 < floor[0]
-    fills |= floors
     buffers = {int(t.buffer) for i, t in enumerate(after.graph.tensors) if i in fills}
     for index, (old, new) in enumerate(zip(before.model.buffers, after.model.buffers, strict=True)):
         if index not in buffers:
@@ -197,55 +181,3 @@ def test_ranges_have_headroom_for_inputs_shorter_than_calibration_saw(
     as_seen = pooled_error(tflite_integer.full_integer(float_file, iter(calibration), list(INPUTS)).model)
     print(f"worst pooled cosine error on 3-token inputs: ranges as seen {as_seen:.2e}, with headroom {widened:.2e}")
     assert widened < 0.75 * as_seen
-
-
-@pytest.fixture(scope="module")
-def layer_norm_file() -> bytes:
-    """The float32 file of LayerNorm then Dense on [1, 8, 64] float inputs (rows of a zero-padded input reach the
-    LayerNorm as rows of zeros)."""
-    from pe_export.native import import_tensorflow
-
-    tf = import_tensorflow()
-    tf.keras.utils.set_random_seed(3)
-    inputs = tf.keras.Input(shape=(8, 64), batch_size=1, name="x")
-    normalized = tf.keras.layers.LayerNormalization(epsilon=1e-12, beta_initializer="random_normal")(inputs)
-    model = tf.keras.Model(inputs, {"y": tf.keras.layers.Dense(32)(normalized)})
-    return tf.lite.TFLiteConverter.from_keras_model(model).convert()
-
-
-@pytest.mark.parametrize("activation_bits", [16, 8])
-def test_a_row_of_zeros_divides_by_the_floor_not_the_zero_point(layer_norm_file: bytes, activation_bits: int) -> None:
-    """The normalized LayerNorm divides x by its row's peak: on a row of zeros the peak is the floor calibration set
-    (a few int16 steps), never the zero point LiteRT's integer DIV refuses; the row then normalizes to LayerNorm's
-    beta, as in float. int8 files keep the divisor int16."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from pe_export.converters.tflite_integer import calibrate, finish, quantize
-
-    rng = np.random.default_rng(4)
-    calibration = [{"x": (rng.normal(size=(1, 8, 64)) * 10).astype(np.float32)} for _ in range(8)]
-    calibrated = calibrate(layer_norm_file, calibration)
-    assert len(calibrated.divisions) == 2  # the row peak and its DIV
-    data = finish(calibrated, quantize(calibrated, default_bits=activation_bits)).model
-    x = (rng.normal(size=(1, 8, 64)) * 10).astype(np.float32)
-    x[0, 5] = 0.0
-    outputs = []
-    for model in (data, layer_norm_file):
-        runner = Interpreter(model_content=model).get_signature_runner()
-        details = runner.get_input_details()["x"]
-        scale, zero = details["quantization"]
-        if details["dtype"] == np.float32:
-            outputs.append(np.asarray(runner(x=x)["y"], np.float64))
-        else:
-            levels = np.iinfo(details["dtype"])
-            quantized = np.clip(np.round(x / scale) + zero, levels.min, levels.max).astype(details["dtype"])
-            outputs.append(np.asarray(runner(x=quantized)["y"], np.float64))
-    integer, expected = outputs
-    others = np.delete(np.arange(8), 5)
-    error = np.abs(integer[0, others] - expected[0, others]).max() / np.abs(expected).max()
-    zero_row = np.abs(integer[0, 5] - expected[0, 5]).max() / np.abs(expected[0, 5]).max()
-    print(f"int{activation_bits} activations: largest error {error:.2e} of the largest output, zero row {zero_row:.2e}")
-    assert error < (0.02 if activation_bits == 16 else 0.1)
-    # the zero row: beta through the Dense, as in float, with int16's resolution (int8 computes the call, not it:
-    # its variance is 0, whose rsqrt an int8 range cannot hold; 0.22 of the row here)
-    assert np.all(np.isfinite(integer)) and (activation_bits == 8 or zero_row < 0.02), zero_row
