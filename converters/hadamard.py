@@ -9,7 +9,8 @@ smoothing chosen for that input by ``ROTATION_GAIN``.
 Measured on all-MiniLM-L6-v2 (48 varied sentences; simulated per-row int8 error of each FULLY_CONNECTED input,
 relative): the feed-forward outputs' inputs (GELU outputs, 1,536 channels) 1.7-5x below the best smoothing with
 blocks of 32 (blocks of 64 and 128 no better there), the attention and feed-forward inputs 1.2-1.4x, the attention
-outputs' none. In the file, every weight int8: worst pooled cosine on the chosen sentences 0.99531 → 0.99752.
+outputs' none. In the file, every weight int8: worst pooled cosine on the chosen sentences 0.99531 → 0.99798
+(the token table with a step per row in both; ``benchmarks/real_weights.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def hadamard(size: int) -> np.ndarray:
 
 
 def rotatable(channels: int, block: int = ROTATION_BLOCK) -> bool:
-    """Whether ``channels`` split into blocks of ``block`` (more than one, or the rotation is a whole one)."""
+    """Whether ``channels`` split into whole blocks of ``block`` (one at least)."""
     return channels % block == 0 and channels >= block
 
 
@@ -71,8 +72,8 @@ def choose_rotations(
     to rotate after (smoothing first moves an outlier's magnitude into the weights, the rotation spreads what is
     left) and its simulated int8 error (``best_scale``'s rows and columns): those where that beats the smoothing
     alone chosen for them (``choices``) by ``ROTATION_GAIN`` or more. The α tried are none, the smoothing's own
-    and the next of the grid (where MiniLM's rotated inputs chose theirs): the full grid took BERT-base's export
-    24 s longer for the same choices."""
+    and the next of the grid (where MiniLM's rotated inputs chose theirs): the full grid of eight took BERT-base's
+    dynamic-int8 export 92 s where three take 84 s, and MiniLM's search at 0.999 kept one weight more float."""
     rotations = {}
     for tensor, (activations, weight) in groups.items():
         if not rotatable(weight.shape[0], block):

@@ -27,6 +27,7 @@ import itertools
 import os
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -219,29 +220,31 @@ class DynamicRangeFile:
             ),
             new_op(self.model, schema.BuiltinOperator.RESHAPE, [blocks, new_shape], [rotated], reshape_options),
         ]
-        first = min(graph.operators.index(self.weights[n].op) for n in weight_names)
-        graph.operators[first:first] = ops
-        for name in weight_names:
-            weight = self.weights[name]
-            weight.op.inputs[0] = rotated
-            weight.values = np.ascontiguousarray(rotated_weight(weight.values.T).T)
-            self._requantize(weight)
+        self._before_readers(ops, rotated, weight_names, lambda values: rotated_weight(values.T).T)
 
     def _insert_mul(self, tensor_name: str, scale: np.ndarray, weight_names: list[str]) -> None:
         schema = self._schema
-        graph = self.model.subgraphs[0]
         source = self._unique[tensor_name]
         inverse = add_constant(
             self.model, f"{tensor_name}/smooth_inverse", (1.0 / scale).astype(np.float32), schema.TensorType.FLOAT32
         )
         output = add_like(self.model, source, "/smoothed", schema.TensorType.FLOAT32)
         mul = new_op(self.model, schema.BuiltinOperator.MUL, [source, inverse], [output], schema.MulOptionsT())
+        self._before_readers([mul], output, weight_names, lambda values: values * scale[None, :])
+
+    def _before_readers(
+        self, ops: list[Any], output: int, weight_names: list[str], remade: Callable[[np.ndarray], np.ndarray]
+    ) -> None:
+        """``ops`` (writing ``output``, computed from the FCs' input) placed before the first FC of
+        ``weight_names``; each of those FCs then reads ``output``, its weight ``remade`` from its values
+        [outputs, inputs] and requantized."""
+        graph = self.model.subgraphs[0]
         first = min(graph.operators.index(self.weights[n].op) for n in weight_names)
-        graph.operators.insert(first, mul)
+        graph.operators[first:first] = ops
         for name in weight_names:
             weight = self.weights[name]
             weight.op.inputs[0] = output
-            weight.values = (weight.values * scale[None, :]).astype(np.float32)
+            weight.values = np.ascontiguousarray(remade(weight.values), np.float32)
             self._requantize(weight)
 
     def _requantize(self, weight: _Weight) -> None:
