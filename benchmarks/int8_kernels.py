@@ -1,8 +1,9 @@
 """Which ONNX int8 product is fast on this device: each weight shape of an encoder timed as one MatMul in
-onnxruntime (batch 1, one thread) as float32, as ``quantize_dynamic`` writes it (DynamicQuantizeLinear →
-MatMulInteger, which onnxruntime fuses into DynamicQuantizeMatMul: ``--int8-kernel matmulinteger``) and as
-block-wise int8 ``MatMulNBits`` (``--int8-kernel blocks``, and what ``mixed`` moves the weights it keeps to),
-side by side, then summed over the model's weights.
+onnxruntime (batch 1, one thread) as float32, with a range per row (``--int8-kernel rows``, the default:
+``converters/onnx_row_int8.py``), as ``quantize_dynamic`` writes it (DynamicQuantizeLinear → MatMulInteger, which
+onnxruntime fuses into DynamicQuantizeMatMul: ``--int8-kernel matmulinteger``) and as block-wise int8
+``MatMulNBits`` (``--int8-kernel blocks``, and what ``mixed`` moves the weights it keeps to), side by side, then
+summed over the model's weights.
 
     python benchmarks/int8_kernels.py [model.onnx] [--tokens 14] [--runs 1000]
 
@@ -27,9 +28,10 @@ import numpy as np
 
 from pe_export.converters.onnx_block_int8 import block_int8_node, with_microsoft_domain
 from pe_export.converters.onnx_rewrites import folded_by_onnxruntime
+from pe_export.converters.onnx_row_int8 import row_int8_matmuls
 from pe_export.host import describe_host
 
-KERNELS = ("float32", "matmulinteger", "blocks")
+KERNELS = ("float32", "rows", "matmulinteger", "blocks")
 MINILM_SHAPES = Counter({(384, 384): 25, (384, 1536): 6, (1536, 384): 6})  # q, k, v, output ×6 and the pooler
 NBITS_SLOWER = 0.9  # blocks at this fraction of float32's time or more: the note says to prefer matmulinteger
 
@@ -86,7 +88,11 @@ def product_models(k: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray
     blocked.graph.initializer.extend(initializers)
     with_microsoft_domain(blocked)
     forms["blocks"] = blocked.SerializeToString()
-    return weight, forms
+    rows = onnx.ModelProto()
+    rows.CopyFrom(model)
+    row_int8_matmuls(rows, set())
+    forms["rows"] = rows.SerializeToString()
+    return weight, {kernel: forms[kernel] for kernel in KERNELS}
 
 
 def time_form(model: bytes, feed: np.ndarray, runs: int) -> tuple[float, np.ndarray]:
@@ -126,11 +132,12 @@ def measure(shapes: Counter[tuple[int, int]], tokens: int, runs: int, seed: int 
 
 
 def table(rows: list[dict[str, Any]], tokens: int) -> list[str]:
+    int8 = KERNELS[1:]
     lines = [
         f"one MatMul per weight shape, {tokens} tokens, batch 1, one thread (median µs; error: largest |Δ| over the "
         "exact product's largest value)",
-        f"{'K x N':>11} {'count':>5} {'float32':>9} {'matmulinteger':>15} {'× fp32':>7} {'error':>8} "
-        f"{'blocks':>9} {'× fp32':>7} {'error':>8}",
+        f"{'K x N':>11} {'count':>5} {'float32':>9} "
+        + " ".join(f"{kernel:>13} {'× fp32':>7} {'error':>8}" for kernel in int8),
     ]
     totals = dict.fromkeys(KERNELS, 0.0)
     for row in rows:
@@ -138,20 +145,21 @@ def table(rows: list[dict[str, Any]], tokens: int) -> list[str]:
         for kernel in KERNELS:
             totals[kernel] += row[kernel] * row["count"]
         lines.append(
-            f"{f'{k} x {n}':>11} {row['count']:>5} {row['float32']:>9.1f} {row['matmulinteger']:>15.1f} "
-            f"{row['matmulinteger'] / row['float32']:>6.2f}x {row['matmulinteger error']:>8.1e} "
-            f"{row['blocks']:>9.1f} {row['blocks'] / row['float32']:>6.2f}x {row['blocks error']:>8.1e}"
+            f"{f'{k} x {n}':>11} {row['count']:>5} {row['float32']:>9.1f} "
+            + " ".join(
+                f"{row[kernel]:>13.1f} {row[kernel] / row['float32']:>6.2f}x {row[f'{kernel} error']:>8.1e}"
+                for kernel in int8
+            )
         )
     lines.append(
         f"{'all weights':>11} {sum(r['count'] for r in rows):>5} {totals['float32']:>9.1f} "
-        f"{totals['matmulinteger']:>15.1f} {totals['matmulinteger'] / totals['float32']:>6.2f}x {'':>8} "
-        f"{totals['blocks']:>9.1f} {totals['blocks'] / totals['float32']:>6.2f}x"
+        + " ".join(f"{totals[kernel]:>13.1f} {totals[kernel] / totals['float32']:>6.2f}x {'':>8}" for kernel in int8)
     )
     if totals["blocks"] >= NBITS_SLOWER * totals["float32"]:
         lines.append(
             f"note: MatMulNBits ran at {totals['blocks'] / totals['float32']:.2f}x float32's time here: a weight "
             "moved to blocks (--int8-kernel mixed at a high --min-cosine, or blocks) costs about what float32 "
-            "does on this device; --int8-kernel matmulinteger is its fast int8 product"
+            "does on this device; --int8-kernel rows or matmulinteger is a fast int8 product"
         )
     return lines
 

@@ -76,6 +76,12 @@ VARIANTS = (  # label, format, options beyond --text; a string: a converter's ow
         "onnx",
         {"quantize": "dynamic-int8", "int8_kernel": "blocks", "min_cosine": 0.999},
     ),
+    ("dynamic-int8 --int8-kernel mixed", "onnx", {"quantize": "dynamic-int8", "int8_kernel": "mixed"}),
+    (
+        "dynamic-int8 --int8-kernel mixed --min-cosine 0.999",
+        "onnx",
+        {"quantize": "dynamic-int8", "int8_kernel": "mixed", "min_cosine": 0.999},
+    ),
     ("dynamic-int8 --outlier-channels 0", "onnx", {"quantize": "dynamic-int8", "outlier_channels": 0}),
     ("dynamic-int8", "onnx", {"quantize": "dynamic-int8"}),
     (

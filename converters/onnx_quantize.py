@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from pe_export.constants import ONNX_INT8_KERNEL, OUTLIER_CHANNELS
+from pe_export.converters.gptq import matmul_gptq
 from pe_export.converters.keep_float import (
     Judging,
     KeepFloatOutcome,
@@ -41,6 +42,7 @@ from pe_export.converters.onnx_rewrites import (
     gemms_to_matmuls,
     names_read_by,
 )
+from pe_export.converters.onnx_row_int8 import Rounding, row_int8_matmuls, row_quantized
 from pe_export.converters.onnx_smooth import smooth_activations
 from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
 from pe_export.errors import ParityError
@@ -60,17 +62,23 @@ BLOCKS_SPEED_NOTE = (
     "benchmarks/int8_kernels.py; --int8-kernel matmulinteger keeps every product MatMulInteger and the weights it "
     "must float"
 )
+GPTQ_NOTE = (
+    "weights rounded by GPTQ (each input channel's rounding error carried onto the channels not yet rounded, "
+    "weighted by the given inputs' activations)"
+)
 ESCALATED_TO = f"block-wise int8 (MatMulNBits: blocks of {BLOCK} channels; onnxruntime 1.22 or later)"
+MIXED_BASE = "matmulinteger"  # the per-call product the mixed search starts from
 QUANTIZED_OPS = ("MatMul", "Gather")  # what quantize_dynamic turns into integer kernels in tf2onnx graphs
 
 
-def quantizable_nodes(model: Any) -> list[str]:
+def quantizable_nodes(model: Any, beside: Collection[str] = ()) -> list[str]:
     """Nodes quantize_dynamic turns into integer kernels: MatMul by a 2-D weight, Gather from a table (not the
-    float products beside them, ``onnx_outliers``)."""
+    float products beside them, ``onnx_outliers``, nor those ``beside`` names: the smoothing's own float
+    products, ``Smoothing.beside``)."""
     initializers = {i.name: len(i.dims) for i in model.graph.initializer}
     names = []
     for node in model.graph.node:
-        if is_side_node(node.name):
+        if is_side_node(node.name) or node.name in beside:
             continue
         if node.op_type == "MatMul" and initializers.get(node.input[1]) == 2:
             names.append(node.name)
@@ -115,28 +123,39 @@ def quantize_to_target(
     against ``choice_share`` of the cosine error it allows; the nodes
     ``keep`` names (--keep-float) float in every candidate; up to ``outliers_per_input`` outlier channels of each
     MatMul input computed in float beside its int8 product (``onnx_outliers``; 0: none). ``kernel``
-    (``constants.ONNX_INT8_KERNELS``): "matmulinteger" (``quantize_dynamic``'s standard ops, kept nodes float),
-    "blocks" (every MatMul as MatMulNBits, ``onnx_block_int8``), or "mixed": matmulinteger with the kept MatMuls
-    block-wise, and matmulinteger's float search where even every one of them moved misses."""
+    (``constants.ONNX_INT8_KERNELS``): "rows" (a range per row, inputs rotated where the simulation says so, GPTQ's
+    weights, ``onnx_row_int8``; kept nodes float), "matmulinteger" (``quantize_dynamic``'s standard ops, one range
+    per call, kept nodes float), "blocks" (every MatMul as MatMulNBits, ``onnx_block_int8``), or "mixed":
+    matmulinteger with the kept MatMuls block-wise, and matmulinteger's float search where even every one of them
+    moved misses."""
     prepared, steps = int8_ready(model)
     nodes = quantizable_nodes(prepared)
     asked = resolve_asked(keep, nodes)
     if not feeds:  # nothing to judge by, or to smooth on: everything quantized
-        plain = "matmulinteger" if kernel == "mixed" else kernel
+        plain = MIXED_BASE if kernel == "mixed" else kernel
         quantized = QuantizedVariants(prepared, _quantize(prepared, [], plain)).build(asked)
         return KeepFloatOutcome(quantized, asked, len(nodes), float("nan"), True, asked=asked, kept_bytes=2)
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
     # with onnxruntime's basic optimizations applied, which every session applies anyway
-    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input)
-    if smoothing.smoothed or smoothing.outlier_channels:
+    simulated = row_quantized if kernel == "rows" else None  # blocks: smoothed as for one range per call
+    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input, simulated)
+    if smoothing.smoothed or smoothing.outlier_channels or smoothing.rotated:
         steps.append(smoothing.note())
+    rounding = None
+    if kernel == "rows":  # held out on MiniLM, every weight int8: 0.99872 rounded to nearest, 0.99908 by GPTQ
+        rounding = matmul_gptq(smoothed, feeds, masks, smoothing.beside).rounded
+        steps.append(GPTQ_NOTE)
     tolerance, chosen_note = with_choice_margin(tolerance, choice_share, "which weights escalate and the smoothing")
     steps.append(chosen_note)
     judging = Judging(feeds, masks, expected, sequence_outputs=sequence_outputs)
-    candidates, sizes, kinds = quantizable_nodes(smoothed), weight_bytes(smoothed), weight_kinds(smoothed)
+    candidates, sizes, kinds = (
+        quantizable_nodes(smoothed, smoothing.beside),
+        weight_bytes(smoothed),
+        weight_kinds(smoothed),
+    )
     if kernel == "mixed":
-        quantized = _quantize(smoothed, list(smoothing.beside), "matmulinteger")
+        quantized = _quantize(smoothed, list(smoothing.beside), MIXED_BASE)
         escalating = QuantizedVariants(smoothed, quantized, kept_as="blocks", always_float=set(asked))
         try:
             outcome = keep_float_to_target(
@@ -153,14 +172,14 @@ def quantize_to_target(
                 return searched
             # no file with an int8 weight met it so (an encoder without outliers: one range per call of 255 levels
             # can beat 127 per block): the standard ops' search, weights kept float
-            kernel = "matmulinteger"
+            kernel = MIXED_BASE
             steps[-1] = "block-wise int8 for every weight the search could move missed the target: kept float instead"
         else:
             if any(kinds[name][0] == "MatMul" for name in set(outcome.kept_float) - set(asked)):
                 steps.append(BLOCKS_SPEED_NOTE)
             outcome.steps, outcome.float_bytes = steps, _escalated_bytes(outcome, kinds)
             return outcome
-    variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel))
+    variants = QuantizedVariants(smoothed, _quantize(smoothed, list(smoothing.beside), kernel, rounding))
     if kernel == "blocks":
         steps.append(BLOCKS_NOTE)
     outcome = keep_float_to_target(
@@ -336,14 +355,19 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
     return kept[::-1]
 
 
-def _quantize(model: Any, excluded: list[str], kernel: str = "matmulinteger") -> Any:
+def _quantize(model: Any, excluded: list[str], kernel: str = "matmulinteger", rounding: Rounding | None = None) -> Any:
+    """``model`` with every MatMul (``excluded`` aside) and table int8 by ``kernel``; ``rounding``: the rows
+    kernel's weight values (GPTQ's)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if kernel == "blocks":
+    if kernel in ("blocks", "rows"):
         quantized = onnx.ModelProto()
         quantized.CopyFrom(model)
-        block_int8_matmuls(quantized, set(excluded))
+        if kernel == "blocks":
+            block_int8_matmuls(quantized, set(excluded))
+        else:
+            row_int8_matmuls(quantized, set(excluded), rounding)
         rowwise_int8_tables(quantized, [name for name in table_lookups(quantized) if name not in set(excluded)])
         return quantized
 

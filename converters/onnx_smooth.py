@@ -25,11 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.hadamard import ROTATION_BLOCK, choose_rotations, hadamard, rotated_weight
 from pe_export.converters.onnx_outliers import OutlierSide, add_outlier_paths
 from pe_export.converters.smoothing import (
     OUTLIER_GAIN,
     Activations,
+    QuantizedActivations,
     Smoothing,
+    TensorChoice,
     best_scale,
     call_quota,
     outlier_channels,
@@ -42,14 +45,19 @@ LEVELS = 255  # onnxruntime's dynamic activations: uint8, asymmetric, one range 
 
 
 def smooth_activations(
-    model: Any, feeds: list[dict[str, np.ndarray]], run: Any, outliers_per_input: int = 0
+    model: Any,
+    feeds: list[dict[str, np.ndarray]],
+    run: Any,
+    outliers_per_input: int = 0,
+    quantized: QuantizedActivations | None = None,
 ) -> tuple[Any, Smoothing, list[dict[str, np.ndarray]]]:
     """A smoothed copy of ``model`` (float, same outputs up to rounding), what was done, and the model's
     outputs on ``feeds`` (from the same runs: the search needs them as its reference).
 
     ``run(model, feeds, names)`` gives the named tensors for every feed (a real onnxruntime run), one feed
     after another; the activations are thinned call by call as they come (BERT-base, 16 calls of 512
-    positions: 2 GB if held).
+    positions: 2 GB if held). ``quantized``: how the int8 kernel sees an activation (default: one range per call,
+    ``quantize_dynamic``'s; ``onnx_row_int8.row_quantized`` for a range per row).
     """
     import onnx
     from onnx import numpy_helper
@@ -84,32 +92,53 @@ def smooth_activations(
         joined = np.concatenate([numpy_helper.to_array(initializers[node.input[1]]) for node in nodes], axis=1)
         if calls[tensor] and calls[tensor][0].shape[-1] == joined.shape[0]:
             groups[tensor] = (Activations(calls[tensor], channel_max[tensor]), joined)
-    choices = {tensor: best_scale(*group, _quantized_activations) for tensor, group in groups.items()}
-    outliers = {}
-    for tensor, group in groups.items():
-        channels = outlier_channels(channel_max[tensor], outliers_per_input)
-        if not channels.size:
-            continue
-        # the int8 products of the rest, α chosen on them; the side products are float, so no error of their own
-        split = best_scale(*_without(group, channels), _quantized_activations)
-        whole = choices[tensor]
-        if split.best * OUTLIER_GAIN <= whole.best:  # worth its nodes (each costs a call's dispatch)
-            outliers[tensor] = channels
-            choices[tensor] = replace(whole, best=split.best, alpha=split.alpha, scale=split.scale)
+    # a range per row: a block Hadamard spreads a row's outlier over its block (``hadamard``); one range per call
+    # is set by the [CLS] row's peaks, which no rotation within a row moves
+    rotate = quantized is not None
+    quantized = quantized or _quantized_activations
+    choices = {tensor: best_scale(*group, quantized) for tensor, group in groups.items()}
+    rotations = choose_rotations(groups, choices, quantized) if rotate else {}
+    choices.update(rotations)  # smoothed (where their α > 0), then rotated
+    unrotated = {tensor: group for tensor, group in groups.items() if tensor not in rotations}
+    outliers = _split_outliers(unrotated, choices, outliers_per_input, quantized)
     scaled, smoothing = scales_of(choices, "MatMul")
-    sides = _rewrite(graph, readers, scaled, initializers, outliers)
+    sides, rotation_products = _rewrite(graph, readers, scaled, initializers, outliers, set(rotations))
     return (
         smoothed,
         replace(
             smoothing,
             tensors=len(readers),
             outlier_tensors=len(outliers),
+            rotated=len(rotations),
+            rotation_block=ROTATION_BLOCK if rotations else 0,
             outlier_channels=sum(len(c) for c in outliers.values()),
             outlier_bytes=sum(side.float_bytes for side in sides),
-            beside=tuple(name for side in sides for name in side.nodes),
+            beside=tuple(name for side in sides for name in side.nodes) + tuple(rotation_products),
         ),
         expected,
     )
+
+
+def _split_outliers(
+    groups: dict[str, tuple[Activations, np.ndarray]],
+    choices: dict[str, TensorChoice],
+    most: int,
+    quantized: QuantizedActivations,
+) -> dict[str, np.ndarray]:
+    """The inputs whose outlier channels (up to ``most``) are worth a float product beside the int8 one, with
+    those channels; ``choices`` updated in place to the α chosen on the rest."""
+    outliers = {}
+    for tensor, group in groups.items():
+        channels = outlier_channels(group[0].channel_max, most)
+        if not channels.size:
+            continue
+        # the int8 products of the rest, α chosen on them; the side products are float, so no error of their own
+        split = best_scale(*_without(group, channels), quantized)
+        whole = choices[tensor]
+        if split.best * OUTLIER_GAIN <= whole.best:  # worth its nodes (each costs a call's dispatch)
+            outliers[tensor] = channels
+            choices[tensor] = replace(whole, best=split.best, alpha=split.alpha, scale=split.scale)
+    return outliers
 
 
 def _without(group: tuple[Activations, np.ndarray], channels: np.ndarray) -> tuple[Activations, np.ndarray]:
@@ -148,30 +177,44 @@ def _rewrite(
     scaled: dict[str, np.ndarray],
     initializers: dict[str, Any],
     outliers: dict[str, np.ndarray] | None = None,
-) -> list[OutlierSide]:
+    rotated: set[str] | None = None,
+) -> tuple[list[OutlierSide], list[str]]:
     """Mul(x, 1/s) before the MatMuls that read x; their weights' rows times s. Split channels take a 0 in
-    the Mul and in the weights' rows, and a float product beside each MatMul (``add_outlier_paths``)."""
+    the Mul and in the weights' rows, and a float product beside each MatMul (``add_outlier_paths``). A
+    ``rotated`` input then goes through the block Hadamard (``_rotation``) and its weights' rows are mixed by it.
+    Returns the side products and the rotations' float MatMuls (neither to be quantized)."""
     from onnx import helper, numpy_helper
 
     from pe_export.converters.onnx_rewrites import drop_unread_initializers
 
-    outliers = outliers or {}
-    inserted: dict[str, Any] = {}
+    outliers, rotated = outliers or {}, rotated or set()
+    inserted: dict[str, list[Any]] = {}
     sides: list[OutlierSide] = []
-    tensors = list(scaled) + [t for t in outliers if t not in scaled]
-    for index, tensor in enumerate(tensors):
+    rotation_products: list[str] = []
+    tensors = list(scaled) + [t for t in [*outliers, *rotated] if t not in scaled]
+    for index, tensor in enumerate(dict.fromkeys(tensors)):
         channels = outliers.get(tensor, np.zeros(0, np.int64))
         scale = scaled.get(tensor, np.ones(initializers[readers[tensor][0].input[1]].dims[0], np.float32))
-        inverse_values = (1.0 / scale).astype(np.float32)
-        inverse_values[channels] = 0.0
-        inverse = numpy_helper.from_array(inverse_values, f"smooth_{index}__inverse")
-        graph.initializer.append(inverse)
-        output = f"smooth_{index}__x"
-        inserted[output] = helper.make_node("Mul", [tensor, inverse.name], [output], name=f"smooth_{index}")
+        output, added = tensor, []
+        if tensor in scaled or channels.size:
+            inverse_values = (1.0 / scale).astype(np.float32)
+            inverse_values[channels] = 0.0
+            inverse = numpy_helper.from_array(inverse_values, f"smooth_{index}__inverse")
+            graph.initializer.append(inverse)
+            output = f"smooth_{index}__x"
+            added.append(helper.make_node("Mul", [tensor, inverse.name], [output], name=f"smooth_{index}"))
+        if tensor in rotated:
+            nodes, constants, output = _rotation(output, f"rotate_{index}", len(scale))
+            added += nodes
+            rotation_products += [node.name for node in nodes if node.op_type == "MatMul"]
+            graph.initializer.extend(constants)
+        inserted[output] = added  # before the first node that reads the smoothed (and rotated) input
         for node in readers[tensor]:
             original = numpy_helper.to_array(initializers[node.input[1]])
             weight = original * scale[:, None]
             weight[channels] = 0.0
+            if tensor in rotated:
+                weight = rotated_weight(weight)
             name = f"{node.input[1]}__smoothed_{index}"
             graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), name))
             node.input[0], node.input[1] = output, name
@@ -179,12 +222,32 @@ def _rewrite(
                 sides.append(add_outlier_paths(graph, node, channels, tensor, original))
     _in_order(graph, inserted, sides)
     drop_unread_initializers(graph)
-    return sides
+    return sides, rotation_products
 
 
-def _in_order(graph: Any, inserted: dict[str, Any], sides: list[OutlierSide]) -> None:
-    """Each inserted Mul right before its first reader and each side product right after its MatMul (they
-    were appended): the order stays topological, and the MatMuls keep their order (the search's places)."""
+def _rotation(tensor: str, prefix: str, channels: int) -> tuple[list[Any], list[Any], str]:
+    """Nodes that rotate ``tensor``'s last axis (``channels``) by the block Hadamard: rows reshaped to blocks,
+    a float product by H, the tensor's own shape back; their constants and the rotated tensor's name."""
+    from onnx import helper, numpy_helper
+
+    blocks = numpy_helper.from_array(
+        np.array([-1, channels // ROTATION_BLOCK, ROTATION_BLOCK], np.int64), f"{prefix}__blocks"
+    )
+    matrix = numpy_helper.from_array(hadamard(ROTATION_BLOCK), f"{prefix}__hadamard")
+    output = f"{prefix}__x"
+    nodes = [
+        helper.make_node("Shape", [tensor], [f"{prefix}__shape"], name=f"{prefix}__shape"),
+        helper.make_node("Reshape", [tensor, blocks.name], [f"{prefix}__blocked"], name=f"{prefix}__blocked"),
+        helper.make_node("MatMul", [f"{prefix}__blocked", matrix.name], [f"{prefix}__mixed"], name=f"{prefix}__mixed"),
+        helper.make_node("Reshape", [f"{prefix}__mixed", f"{prefix}__shape"], [output], name=prefix),
+    ]
+    return nodes, [blocks, matrix], output
+
+
+def _in_order(graph: Any, inserted: dict[str, list[Any]], sides: list[OutlierSide]) -> None:
+    """Each input's inserted nodes (smoothing's Mul, the rotation) right before its first reader and each side
+    product right after its MatMul (they were appended): the order stays topological, and the MatMuls keep their
+    order (the search's places)."""
     side_nodes = {name for side in sides for name in side.nodes}
     by_name = {node.name: node for node in graph.node if node.name in side_nodes}
     after = {side.matmul: [by_name[name] for name in side.nodes] for side in sides}
@@ -194,7 +257,7 @@ def _in_order(graph: Any, inserted: dict[str, Any], sides: list[OutlierSide]) ->
             continue
         for name in node.input:
             if name in inserted:
-                nodes.append(inserted.pop(name))
+                nodes.extend(inserted.pop(name))
         nodes.append(node)
         nodes.extend(after.get(node.name, []))
     del graph.node[:]

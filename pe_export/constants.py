@@ -45,13 +45,17 @@ DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "
 # 2 → 0.9968, 4 → 0.9968, 8 → 0.9973 (2: 28 channels of 18 of its 25 MatMul inputs, +114 kB of float rows).
 OUTLIER_CHANNELS = 2
 ONNX_OUTLIER_MODES = (("onnx", "dynamic-int8"), ("onnx", "int8"))
-# ONNX dynamic-int8's integer products (--int8-kernel): "matmulinteger", quantize_dynamic's DynamicQuantizeLinear +
-# MatMulInteger (standard ops, one activation range per tensor per call: the fastest here), the weights its search
-# keeps going float; "blocks", every MatMul as onnxruntime's MatMulNBits (8-bit weights, activations quantized per
-# block of 32 input channels of each row: converters/onnx_block_int8.py); "mixed", matmulinteger with the weights
-# the search keeps moved to blocks instead of float (float on top of all-blocks where that still misses).
-ONNX_INT8_KERNELS = ("mixed", "matmulinteger", "blocks")
-ONNX_INT8_KERNEL = "mixed"
+# ONNX dynamic-int8's integer products (--int8-kernel): "rows" (the default), each row of a MatMul's input quantized
+# by its own range (its step multiplies the row's products afterwards) into onnxruntime's integer GEMM
+# (MatMulIntegerToFloat), inputs rotated by a block Hadamard where the simulation says it pays, weights rounded by
+# GPTQ (converters/onnx_row_int8.py), the weights its search keeps going float; "matmulinteger", quantize_dynamic's
+# DynamicQuantizeLinear + MatMulInteger (standard ops, one activation range per tensor per call: the fastest
+# product, the least accurate), the weights its search keeps going float; "blocks", every MatMul as onnxruntime's
+# MatMulNBits (8-bit weights, activations quantized per block of 32 input channels of each row:
+# converters/onnx_block_int8.py); "mixed", matmulinteger with the weights the search keeps moved to blocks instead
+# of float (float on top of all-blocks where that still misses).
+ONNX_INT8_KERNELS = ("rows", "mixed", "matmulinteger", "blocks")
+ONNX_INT8_KERNEL = "rows"
 MAX_OUTLIER_CHANNELS = 64
 # Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
 # model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)

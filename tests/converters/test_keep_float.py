@@ -66,7 +66,7 @@ def test_strict_target_met_in_fewer_files_than_weights(encoder: Path, file_forma
     strict = export(encoder, output, ExportOptions(quantize="dynamic-int8", min_cosine=target))
     note = next(n for n in strict.notes if n.startswith("int8:"))
     print(note, default.parity.min_cosine, strict.parity.min_cosine if strict.parity else None)
-    # ONNX (--int8-kernel mixed, the default): kept block-wise int8, or float where that could not meet it; TFLite:
+    # ONNX (--int8-kernel rows, the default): kept float (mixed: block-wise int8, or float where that misses); TFLite:
     # kept FCs in groups of input channels, or float on top of every FC in groups
     kinds = "float|block-wise int8|int8 in groups"
     found = re.search(rf"(\d+) of (\d+) {what} kept in ({kinds}).*; (\d+) quantized files tried, (\d+) on every", note)

@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.converters.onnx_quantize import _quantize, _run
+from pe_export.converters.onnx_row_int8 import row_quantized
 from pe_export.converters.onnx_smooth import smooth_activations
 from tests.helpers import SATURATES, int8_kernel_saturates, onnx_model, outlier_feeds
 
@@ -108,3 +109,30 @@ def test_outlier_channels_leave_the_int8_products_and_the_float_outputs_stay() -
     beside = relative_error(quantized, reference, held_out)
     print(f"int8 relative error on held-out inputs: smoothed {smooth:.3e}, outliers beside {beside:.3e}")
     assert beside < 0.6 * smooth  # measured 0.45x: smoothing had already moved much of channel 3 into W1, W2
+
+
+def test_with_a_range_per_row_an_outlier_input_is_rotated_and_errs_less() -> None:
+    """Chosen by the per-row simulation (``--int8-kernel rows``), x (one block of 32 channels, channel 3 60x the
+    others) is rotated by the block Hadamard: the float model computes what it did, the rotation's product is
+    never quantized, and the per-row int8 file errs less on held-out inputs than with smoothing alone."""
+    if int8_kernel_saturates():
+        pytest.skip(SATURATES)
+    model = outlier_model()
+    calibration, held_out = feeds(6), feeds(7)
+    rotated, smoothing = smooth_activations(model, calibration, _run, quantized=row_quantized)[:2]
+    onnx.checker.check_model(rotated, full_check=True)
+    assert smoothing.rotated == 1 and "1 rotated by a block Hadamard of 32 channels" in smoothing.note()
+    assert [n.op_type for n in rotated.graph.node if n.name in smoothing.beside] == ["MatMul"]
+    reference = _run(model, held_out)
+    for got, want in zip(_run(rotated, held_out), reference, strict=True):
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+    quantized = _quantize(rotated, list(smoothing.beside), "rows")
+    kept = [n for n in quantized.graph.node if n.name in smoothing.beside]
+    assert [n.op_type for n in kept] == ["MatMul"]  # the Hadamard block: a float constant product
+    smoothed = smooth_activations(model, calibration, _run)[0]
+    only_z = [{"z": r["z"]} for r in reference]  # x·W2: the product of the rotated input alone
+    alone = relative_error(_quantize(smoothed, [], "rows"), only_z, held_out)
+    turned = relative_error(quantized, only_z, held_out)
+    print(f"per-row int8 relative error of x·W2 on held-out inputs: smoothed {alone:.3e}, rotated {turned:.3e}")
+    assert turned < 0.5 * alone
