@@ -374,10 +374,12 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
     "--int8-kernel",
     type=click.Choice(list(ONNX_INT8_KERNELS)),
     default=None,
-    help=f"dynamic-int8's integer products (default {ONNX_INT8_KERNEL}): matmulinteger = standard ops, one "
-    "activation range per call, kept weights float; blocks = onnxruntime's MatMulNBits (1.22+), int8 per block of 32 "
-    "channels; mixed = matmulinteger, the weights the search keeps as blocks. Which is faster depends on the "
-    "device (MatMulNBits ran at float32's speed on x86 with VNNI): benchmarks/int8_kernels.py measures it there.",
+    help=f"dynamic-int8's integer products (default {ONNX_INT8_KERNEL}): rows = a range per row into onnxruntime's "
+    "integer GEMM (MatMulIntegerToFloat), inputs rotated where it pays, GPTQ's weights, kept weights float; "
+    "matmulinteger = standard ops, one activation range per call, kept weights float; blocks = onnxruntime's "
+    "MatMulNBits (1.22+), int8 per block of 32 channels; mixed = matmulinteger, the weights the search keeps as "
+    "blocks. Which is faster depends on the device (MatMulNBits ran at float32's speed on x86 with VNNI): "
+    "benchmarks/int8_kernels.py measures it there.",
 )
 @click.pass_context
 def onnx(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
