@@ -94,6 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
     from tests.docker_builds import start
 
     start(config)  # the device images build in the background while the suite runs (only where wanted)
+    # whole files go to the workers in the order pytest_collection_modifyitems gives (the slow modules first);
+    # xdist's own reorder (3.6+, on by default: files by test count) sent the one- and two-test MiniLM files last,
+    # where one worker ran them alone for over a minute (--no-loadscope-reorder, set here, where the order is made)
+    config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

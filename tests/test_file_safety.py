@@ -142,6 +142,23 @@ def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_mod
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def model_and_bundle(saved_model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One exported file and golden bundle for every refusal case (each case copies them: ten exports took a minute)."""
+    from pe_export.cli import main
+
+    made = tmp_path_factory.mktemp("refusals")
+    model, bundle = made / "m.onnx", made / "golden"
+    for args in (
+        ["onnx", saved_model(MODEL), "-o", model],
+        ["golden", saved_model(MODEL), "-o", bundle, "--samples", "4"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(a) for a in args])
+        assert not exit_info.value.code, args
+    return model, bundle
+
+
 @pytest.mark.parametrize(
     ("make_args", "fragments"),
     [
@@ -157,11 +174,13 @@ def test_a_bundle_made_by_one_user_passes_parity_run_by_another(capfd, saved_mod
         (lambda d, m, b: ["demo", "--out", d / "exists.json"], ["is a file"]),
     ],
 )
-def test_output_paths_are_refused_before_the_work(capfd, saved_model, tmp_path: Path, make_args, fragments) -> None:
+def test_output_paths_are_refused_before_the_work(
+    capfd, model_and_bundle: tuple[Path, Path], tmp_path: Path, make_args, fragments
+) -> None:
     """Each refusal is exit 2, one line, before anything runs (no report printed), nothing replaced."""
     model, bundle = tmp_path / "m.onnx", tmp_path / "golden"
-    assert run_cli(capfd, "onnx", saved_model(MODEL), "-o", model).exit_code == 0
-    assert run_cli(capfd, "golden", saved_model(MODEL), "-o", bundle, "--samples", "4").exit_code == 0
+    shutil.copy(model_and_bundle[0], model)
+    shutil.copytree(model_and_bundle[1], bundle)
     for name in ("exists.json", "exists.png", "report.json"):
         (tmp_path / name).write_text("the user's own")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
