@@ -78,10 +78,23 @@ def with_microsoft_domain(model: Any) -> None:
         model.opset_import.append(helper.make_opsetid(MICROSOFT, 1))
 
 
+def constant_weight(node: Any, initializers: dict[str, Any], excluded: set[str]) -> Any | None:
+    """The 2-D float32 initializer a MatMul ``node`` multiplies by, where it has one and is not ``excluded``: what
+    the int8 products (block-wise here, per row in ``onnx_row_int8``) replace."""
+    from onnx import TensorProto
+
+    if node.op_type != "MatMul" or len(node.input) != 2 or node.name in excluded:
+        return None
+    weight = initializers.get(node.input[1])
+    if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
+        return None
+    return weight
+
+
 def block_int8_matmuls(model: Any, excluded: set[str], block: int = BLOCK) -> int:
     """In place: every MatMul of ``model`` by a 2-D float constant, ``excluded`` aside, as MatMulNBits; its float
     weight dropped where nothing else reads it. Returns how many were replaced."""
-    from onnx import TensorProto, numpy_helper
+    from onnx import numpy_helper
 
     from pe_export.converters.onnx_rewrites import drop_unread_initializers
 
@@ -89,8 +102,8 @@ def block_int8_matmuls(model: Any, excluded: set[str], block: int = BLOCK) -> in
     initializers = {init.name: init for init in graph.initializer}
     nodes, replaced = [], 0
     for node in graph.node:
-        weight = initializers.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT or node.name in excluded:
+        weight = constant_weight(node, initializers, excluded)
+        if weight is None:
             nodes.append(node)
             continue
         blocked, stored = block_int8_node(node, numpy_helper.to_array(weight), block)

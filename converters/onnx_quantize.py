@@ -138,12 +138,14 @@ def quantize_to_target(
     feeds, masks = with_single_rows(feeds, valid or [None] * len(feeds))
     # the float model's outputs come from the smoothing's capture runs: the prepared model is the float model
     # with onnxruntime's basic optimizations applied, which every session applies anyway
-    simulated = row_quantized if kernel == "rows" else None  # blocks: smoothed as for one range per call
-    smoothed, smoothing, expected = smooth_activations(prepared, feeds, _each_output, outliers_per_input, simulated)
+    rows = kernel == "rows"  # the other kernels' smoothing: as for one range per call (blocks too)
+    smoothed, smoothing, expected = smooth_activations(
+        prepared, feeds, _each_output, outliers_per_input, row_quantized if rows else None, rotate=rows
+    )
     if smoothing.smoothed or smoothing.outlier_channels or smoothing.rotated:
         steps.append(smoothing.note())
     rounding = None
-    if kernel == "rows":  # held out on MiniLM, every weight int8: 0.99872 rounded to nearest, 0.99908 by GPTQ
+    if rows:  # held out on MiniLM, every weight int8: 0.99872 rounded to nearest, 0.99908 by GPTQ
         rounding = matmul_gptq(smoothed, feeds, masks, smoothing.beside).rounded
         steps.append(GPTQ_NOTE)
     tolerance, chosen_note = with_choice_margin(tolerance, choice_share, "which weights escalate and the smoothing")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.onnx_block_int8 import MICROSOFT, with_microsoft_domain
+from pe_export.converters.onnx_block_int8 import MICROSOFT, constant_weight, with_microsoft_domain
 from pe_export.converters.smoothing import symmetric_int8
 
 LEVELS = 127  # symmetric rows around the fixed zero point
@@ -51,22 +51,11 @@ def row_int8_matmuls(model: Any, excluded: set[str], rounding: Rounding | None =
     """In place: every MatMul of ``model`` by a 2-D float constant, ``excluded`` aside, as a per-row int8 product
     (the MatMul's output name kept, its name on the last node); the row quantization once per input tensor, before
     its first reader; weights rounded by ``rounding`` where it gives values. Returns how many were replaced."""
-    from onnx import TensorProto
-
     from pe_export.converters.onnx_rewrites import drop_unread_initializers
 
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    chosen = [
-        node
-        for node in graph.node
-        if node.op_type == "MatMul"
-        and len(node.input) == 2
-        and node.name not in excluded
-        and node.input[1] in initializers
-        and len(initializers[node.input[1]].dims) == 2
-        and initializers[node.input[1]].data_type == TensorProto.FLOAT
-    ]
+    chosen = [node for node in graph.node if constant_weight(node, initializers, excluded) is not None]
     if not chosen:
         return 0
     readers: dict[str, list[Any]] = defaultdict(list)
@@ -74,7 +63,7 @@ def row_int8_matmuls(model: Any, excluded: set[str], rounding: Rounding | None =
         readers[node.input[0]].append(node)
     shared = _shared_constants(graph)
     rows = {tensor: f"row_int8_{index}" for index, tensor in enumerate(readers)}
-    replacing = {node.name: node for node in chosen}
+    replacing = {node.name for node in chosen}
     reduce_axes_input = _opset(model) >= 18  # ReduceMax's axes: an attribute before opset 18, an input from it
     nodes = []
     for node in graph.node:

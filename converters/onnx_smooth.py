@@ -50,6 +50,7 @@ def smooth_activations(
     run: Any,
     outliers_per_input: int = 0,
     quantized: QuantizedActivations | None = None,
+    rotate: bool = False,
 ) -> tuple[Any, Smoothing, list[dict[str, np.ndarray]]]:
     """A smoothed copy of ``model`` (float, same outputs up to rounding), what was done, and the model's
     outputs on ``feeds`` (from the same runs: the search needs them as its reference).
@@ -57,7 +58,9 @@ def smooth_activations(
     ``run(model, feeds, names)`` gives the named tensors for every feed (a real onnxruntime run), one feed
     after another; the activations are thinned call by call as they come (BERT-base, 16 calls of 512
     positions: 2 GB if held). ``quantized``: how the int8 kernel sees an activation (default: one range per call,
-    ``quantize_dynamic``'s; ``onnx_row_int8.row_quantized`` for a range per row).
+    ``quantize_dynamic``'s; ``onnx_row_int8.row_quantized`` for a range per row). ``rotate``: inputs may be rotated
+    by the block Hadamard where the simulation says it pays (``hadamard``): with a range per row only, since one
+    range per call is set by the [CLS] row's peaks, which no rotation within a row moves.
     """
     import onnx
     from onnx import numpy_helper
@@ -92,9 +95,6 @@ def smooth_activations(
         joined = np.concatenate([numpy_helper.to_array(initializers[node.input[1]]) for node in nodes], axis=1)
         if calls[tensor] and calls[tensor][0].shape[-1] == joined.shape[0]:
             groups[tensor] = (Activations(calls[tensor], channel_max[tensor]), joined)
-    # a range per row: a block Hadamard spreads a row's outlier over its block (``hadamard``); one range per call
-    # is set by the [CLS] row's peaks, which no rotation within a row moves
-    rotate = quantized is not None
     quantized = quantized or _quantized_activations
     choices = {tensor: best_scale(*group, quantized) for tensor, group in groups.items()}
     rotations = choose_rotations(groups, choices, quantized) if rotate else {}
@@ -191,8 +191,7 @@ def _rewrite(
     inserted: dict[str, list[Any]] = {}
     sides: list[OutlierSide] = []
     rotation_products: list[str] = []
-    tensors = list(scaled) + [t for t in [*outliers, *rotated] if t not in scaled]
-    for index, tensor in enumerate(dict.fromkeys(tensors)):
+    for index, tensor in enumerate(dict.fromkeys([*scaled, *outliers, *rotated])):
         channels = outliers.get(tensor, np.zeros(0, np.int64))
         scale = scaled.get(tensor, np.ones(initializers[readers[tensor][0].input[1]].dims[0], np.float32))
         output, added = tensor, []

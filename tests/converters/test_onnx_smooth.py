@@ -119,7 +119,7 @@ def test_with_a_range_per_row_an_outlier_input_is_rotated_and_errs_less() -> Non
         pytest.skip(SATURATES)
     model = outlier_model()
     calibration, held_out = feeds(6), feeds(7)
-    rotated, smoothing = smooth_activations(model, calibration, _run, quantized=row_quantized)[:2]
+    rotated, smoothing = smooth_activations(model, calibration, _run, quantized=row_quantized, rotate=True)[:2]
     onnx.checker.check_model(rotated, full_check=True)
     assert smoothing.rotated == 1 and "1 rotated by a block Hadamard of 32 channels" in smoothing.note()
     assert [n.op_type for n in rotated.graph.node if n.name in smoothing.beside] == ["MatMul"]
