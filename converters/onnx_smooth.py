@@ -102,7 +102,9 @@ def smooth_activations(
     unrotated = {tensor: group for tensor, group in groups.items() if tensor not in rotations}
     outliers = _split_outliers(unrotated, choices, outliers_per_input, quantized)
     scaled, smoothing = scales_of(choices, "MatMul")
-    sides, rotation_products = _rewrite(graph, readers, scaled, initializers, outliers, set(rotations))
+    sides, rotation_products = _rewrite(
+        graph, readers, scaled, initializers, outliers, list(rotations)
+    )  # graph order: a set's differs per process
     return (
         smoothed,
         replace(
@@ -177,7 +179,7 @@ def _rewrite(
     scaled: dict[str, np.ndarray],
     initializers: dict[str, Any],
     outliers: dict[str, np.ndarray] | None = None,
-    rotated: set[str] | None = None,
+    rotated: list[str] | None = None,
 ) -> tuple[list[OutlierSide], list[str]]:
     """Mul(x, 1/s) before the MatMuls that read x; their weights' rows times s. Split channels take a 0 in
     the Mul and in the weights' rows, and a float product beside each MatMul (``add_outlier_paths``). A
@@ -187,7 +189,7 @@ def _rewrite(
 
     from pe_export.converters.onnx_rewrites import drop_unread_initializers
 
-    outliers, rotated = outliers or {}, rotated or set()
+    outliers, rotated = outliers or {}, rotated or []
     inserted: dict[str, list[Any]] = {}
     sides: list[OutlierSide] = []
     rotation_products: list[str] = []
