@@ -21,7 +21,7 @@ from pe_export.constants import (
     VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import BadInputError, ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.errors import BadInputError, ConversionError, ExitCode, ParityError, RuntimeUnavailableError
 from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
 from pe_export.holdout import Cases, Parts, in_batches, samples, split_rows
 from pe_export.inputs import generate_inputs, valid_positions
@@ -39,6 +39,7 @@ from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_run
 from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec, feed_shape
 
 if TYPE_CHECKING:
+    from pe_export.lengths import SequenceLimit
     from pe_export.parity.result import OutputMetrics
     from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
     from pe_export.sources import ModelSource
@@ -308,6 +309,11 @@ def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) ->
     except PeExportError as err:  # the file cannot run here (Flex ops, no runtime): verification says so too
         job.layer_map = f"none: {err}"
         return {}
+    except Exception as err:  # an optional stamp never fails the export: left out, the reason in the report
+        from pe_export.errors import one_line
+
+        job.layer_map = f"none: the layer map could not be made ({type(err).__name__}: {one_line(err)})"
+        return {}
     if layer_map is None:
         job.layer_map = why
         return {}
@@ -437,9 +443,19 @@ class _Job:
 
         Rows added by --max-len have no reference to meet; a fixed length keeps its own.
         """
-        from pe_export.tables.pipeline import checked_length
+        from pe_export.specs import any_dynamic_length
+        from pe_export.tables.pipeline import checked_positions
 
-        return checked_length(self.loaded, self.frozen, self.prepared) or VERIFY_SEQ_LEN
+        if not any_dynamic_length(self.specs):
+            return VERIFY_SEQ_LEN  # a fixed length keeps its own
+        return checked_positions(self.limit, self.prepared) or VERIFY_SEQ_LEN
+
+    @cached_property
+    def limit(self) -> SequenceLimit | None:
+        """The longest sequence the reference takes, where a table read by position bounds it (pe_export/lengths)."""
+        from pe_export.tables.pipeline import model_limit
+
+        return model_limit(self.loaded, self.frozen)
 
     def check_feeds(self) -> Cases:
         """The inputs a file is judged on (verification): --text or --inputs when given, which then stand for
@@ -588,23 +604,27 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
 def _check_length_fits_tables(
     loaded: LoadedSavedModel, signature: Any, model_specs: list[TensorSpec], frozen: FrozenSignature, seq_len: int
 ) -> None:
-    """--seq-len past a dynamic-length model's position table: what to do instead, in one line."""
+    """--seq-len past the longest sequence a dynamic-length model takes (its position table's rows less the offset
+    its positions start at): what to do instead, in one line."""
     from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import fixed_length, position_rows
+    from pe_export.tables.pipeline import fixed_length, model_limit
 
+    native = FrozenSignature(signature, model_specs)
     try:
         _ = frozen.concrete
     except BadInputError:
-        native = FrozenSignature(signature, model_specs)
         if fixed_length(native):
             raise  # a fixed-length model: the message already says so
-        rows = position_rows(loaded, native)
-        if rows is None or seq_len <= rows:
-            raise
-        raise BadInputError(
-            f"--seq-len {seq_len} is longer than the model's position table ({rows} rows); pass --seq-len {rows} or "
-            f"less, or --dynamic-seq --max-len {seq_len} for a file whose tables are extended to {seq_len} rows"
-        ) from None
+    if fixed_length(native):
+        return
+    limit = model_limit(loaded, native)
+    if limit is None or seq_len <= limit.tokens:
+        _ = frozen.concrete  # the shapes' own refusal, if any
+        return
+    raise BadInputError(
+        f"--seq-len {seq_len} is longer than the model takes: {limit.describe()}; pass --seq-len {limit.tokens} or "
+        f"less, or --dynamic-seq --max-len {seq_len + limit.offset} for a file whose tables are extended"
+    ) from None
 
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
@@ -662,6 +682,8 @@ def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list
             _write_external(data, staged, job.output)
         if job.options.verify:
             _verify_staged(job, report, staged)
+            if job.limit is not None and job.limit.offset:  # where the table's rows are not what it takes
+                report.notes.append(f"the model takes {job.limit.describe()}: verified within it")
             if job.parts.note:  # what int8 chose on and what judged it (only where it chooses)
                 report.notes.append(job.parts.note)
         raise_if_interrupted()  # never publish after a Ctrl-C, even one a finalizer swallowed
@@ -734,14 +756,20 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
     with create_runner(runner_name, path) as candidate:
         load_s = time.perf_counter() - started
-        outputs = compare_batches(
-            candidate,
-            batches,
-            tolerances,
-            model_name=job.output.name,
-            progress=lambda: done.append(time.perf_counter() - started),
-            sequence_outputs=job.sequence_outputs,
-        )
+        try:
+            outputs = compare_batches(
+                candidate,
+                batches,
+                tolerances,
+                model_name=job.output.name,
+                progress=lambda: done.append(time.perf_counter() - started),
+                sequence_outputs=job.sequence_outputs,
+            )
+        except BadInputError as err:  # inputs the SavedModel ran: the file is at fault, not the user
+            raise ConversionError(
+                f"the {job.file_format} file fails in {runner_name} on inputs the SavedModel runs ({err}); nothing "
+                "was written: a conversion fault, please report it with `pe-export inspect` of the SavedModel"
+            ) from err
         runtime = candidate.describe()
     shape = feed_shape(batches[0].inputs)
     return ParityReport(

@@ -85,7 +85,7 @@ def _make_golden(
         signature_input_specs,
         signature_output_specs,
     )
-    from pe_export.tables.pipeline import checked_length, position_rows
+    from pe_export.tables.pipeline import checked_length, model_limit
 
     saved_model = source.saved_model
     loaded = load_savedmodel(saved_model)
@@ -93,26 +93,20 @@ def _make_golden(
     model_specs = signature_input_specs(signature)
     frozen = FrozenSignature(signature, model_specs)  # one freeze for the table length and the input bounds
     user_arrays = read_npz(Path(options.inputs)) if options.inputs else None
-    if options.seq_len is not None and fixed_length(model_specs) is None:
-        rows = position_rows(loaded, frozen)
-        if rows is not None and options.seq_len > rows:
-            raise BadInputError(
-                f"--seq-len {options.seq_len} is longer than the model's position table ({rows} rows); pass "
-                f"--seq-len {rows} or less: the SavedModel cannot run longer sequences (an export's --max-len extends "
-                "the exported file's table, not the SavedModel's)"
-            )
-    seq_len = (
-        options.seq_len
-        or fixed_length(model_specs)
-        or _user_seq_len(user_arrays)
-        or checked_length(loaded, frozen)
-        or GOLDEN_SEQ_LEN
-    )
+    limit = model_limit(loaded, frozen) if fixed_length(model_specs) is None else None
+    if options.seq_len is not None and limit is not None and options.seq_len > limit.tokens:
+        raise BadInputError(
+            f"--seq-len {options.seq_len} is longer than the model takes: {limit.describe()}; pass --seq-len "
+            f"{limit.tokens} or less: the SavedModel cannot run longer sequences (an export's --max-len extends the "
+            "exported file's table, not the SavedModel's)"
+        )
+    checked = checked_length(loaded, frozen)
+    seq_len = options.seq_len or fixed_length(model_specs) or _user_seq_len(user_arrays) or checked or GOLDEN_SEQ_LEN
     bounds = input_bounds(frozen)
     text = None
     if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
         length = options.seq_len if fixed_length(model_specs) is None else None  # --seq-len pads (or cuts) to it
-        text = text_feed(model_specs, bounds, options.text, source.given, checked_length(loaded, frozen), length)
+        text = text_feed(model_specs, bounds, options.text, source.given, checked, length)
         seq_len = text[1].shape[SEQUENCE_AXIS]
     specs = [spec.at_length(seq_len) for spec in model_specs]
     if text is not None:
@@ -134,6 +128,7 @@ def _make_golden(
                 "path": str(source.given),
                 "digest": source.digest,
                 "signature": loaded.resolve_signature_name(options.signature),
+                **({"max_tokens": limit.tokens, "position_rows": limit.rows} if limit is not None else {}),
             },
             inputs=specs,
             outputs=[output_specs[name].at_length(seq_len) for name in sorted(output_specs)],

@@ -226,11 +226,14 @@ def test_user_data_and_lengths_are_bad_input_not_bugs(capfd, saved_model, tmp_pa
     rows = int(re.search(r"(\d+)x\d+ +\S+ +kept", run_cli(capfd, "tflite", model, "--list-tables").stdout)[1])
     long = run_cli(capfd, "golden", model, "-o", tmp_path / "g2", "--seq-len", str(rows + 36))
     assert_one_line_error(
-        long, ExitCode.BAD_INPUT, f"longer than the model's position table ({rows} rows)", f"--seq-len {rows} or less"
+        long,
+        ExitCode.BAD_INPUT,
+        f"longer than the model takes: {rows} tokens (its position table has {rows} rows)",
+        f"--seq-len {rows} or less",
     )
     fixed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", "--seq-len", str(rows + 36))
     hint = f"--dynamic-seq --max-len {rows + 36}"
-    assert_one_line_error(fixed, ExitCode.BAD_INPUT, f"position table ({rows} rows)", hint)
+    assert_one_line_error(fixed, ExitCode.BAD_INPUT, f"position table has {rows} rows", hint)
     followed = run_cli(capfd, "tflite", model, "-o", tmp_path / "m.tflite", *hint.split())  # the advice works
     assert followed.exit_code == 0, followed.stderr
     assert listing(tmp_path) == ["m.tflite", "oov.npz"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pe_export.inspection.summary import ConstantInfo, ModelSummary, RuntimeVerdict, SignatureInfo
 from pe_export.savedmodel import (
@@ -12,6 +13,10 @@ from pe_export.savedmodel import (
     signature_input_specs,
     signature_output_specs,
 )
+
+if TYPE_CHECKING:
+    from pe_export.lengths import SequenceLimit
+    from pe_export.savedmodel import LoadedSavedModel
 
 _NON_COMPUTE_OPS = {"Placeholder", "Const", "Identity", "NoOp"}
 
@@ -34,6 +39,10 @@ def summarize_savedmodel(path: Path, signature: str | None = None) -> ModelSumma
         )
         for variable in getattr(loaded.obj, "variables", [])
     ]
+    details = {"signature inspected": loaded.resolve_signature_name(signature)}
+    limit = _sequence_limit(loaded, chosen)
+    if limit is not None:
+        details["longest sequence"] = limit.describe()
     file_bytes = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
     return ModelSummary(
         path=Path(path),
@@ -43,5 +52,13 @@ def summarize_savedmodel(path: Path, signature: str | None = None) -> ModelSumma
         op_counts=op_counts,
         constants=constants,
         runs_on=[RuntimeVerdict("tensorflow", True, "SavedModel; convert with `pe-export tflite|onnx`")],
-        details={"signature inspected": loaded.resolve_signature_name(signature)},
+        details=details,
     )
+
+
+def _sequence_limit(loaded: LoadedSavedModel, signature: Any) -> SequenceLimit | None:
+    """The longest sequence the signature takes, where a dynamic length meets a table read by position."""
+    from pe_export.savedmodel import FrozenSignature
+    from pe_export.tables.pipeline import model_limit
+
+    return model_limit(loaded, FrozenSignature(signature, signature_input_specs(signature)))

@@ -7,11 +7,31 @@ written into a graph to tap it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pe_export.layers.select import LayerSpec, find_layers
 from pe_export.native import import_tensorflow
 from pe_export.savedmodel import FrozenSignature
+
+
+def conditional_ops(graph: Any) -> set[str]:
+    """Names of the ops of ``graph`` that run only when a branch is taken: downstream of a Switch (v1 control
+    flow, which freezing lowers tf.cond to), up to the Merge that joins the branches."""
+    consumers: dict[str, list[Any]] = {}
+    for op in graph.get_operations():
+        for tensor in op.inputs:
+            consumers.setdefault(tensor.op.name, []).append(op)
+    frontier = [op for op in graph.get_operations() if op.type in ("Switch", "RefSwitch")]
+    seen: set[str] = set()
+    while frontier:
+        op = frontier.pop()
+        for consumer in consumers.get(op.name, []):
+            if consumer.name not in seen and consumer.type not in ("Merge", "RefMerge"):
+                seen.add(consumer.name)
+                frontier.append(consumer)
+    return seen
 
 
 class LayerTap:
@@ -27,7 +47,10 @@ class LayerTap:
         with tf.Graph().as_default() as graph:
             tf.compat.v1.import_graph_def(without_custom_gradients(graph_def), name="")
         batches = {spec.shape[0] for spec in frozen.specs if spec.shape}
-        self.layers: list[LayerSpec] = find_layers(graph, selection, batches.pop() if len(batches) == 1 else None)
+        layers = find_layers(graph, selection, batches.pop() if len(batches) == 1 else None)
+        # A tensor in a branch of the graph's control flow has no value when its branch is not taken: no layer
+        branched = conditional_ops(graph)
+        self.layers: list[LayerSpec] = [layer for layer in layers if layer.tensor.rsplit(":", 1)[0] not in branched]
         self._graph = graph
         self._inputs = {name: graph.get_tensor_by_name(tensor) for tensor, name in inputs.items()}
         self._weights = {graph.get_tensor_by_name(f"{name}:0"): v for name, v in frozen.weights.variables.items()}
@@ -40,7 +63,15 @@ class LayerTap:
         feeds = {tensor: feed[name] for name, tensor in self._inputs.items()}
         feeds.update({tensor: variable.numpy() for tensor, variable in self._weights.items()})
         with tf.compat.v1.Session(graph=self._graph) as session:
-            values = session.run(self._fetches, feed_dict=feeds)
+            try:
+                values = session.run(self._fetches, feed_dict=feeds)
+            except tf.errors.InvalidArgumentError:  # a tensor without a value on this input: each alone
+                values = {}
+                for name, fetch in self._fetches.items():
+                    try:
+                        values[name] = session.run(fetch, feed_dict=feeds)
+                    except tf.errors.InvalidArgumentError:
+                        continue
         rows = next(iter(feed.values())).shape[0]
         # A dynamic first axis that is not the batch (a dense layer's [batch·seq, d] product) is no layer output.
         return {name: value for name, value in values.items() if value.ndim and value.shape[0] == rows}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from pe_export.specs import any_dynamic_length, any_fixed_length
 from pe_export.tables.detect import TableInfo, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import sinusoid_values
+
+if TYPE_CHECKING:
+    from pe_export.lengths import SequenceLimit
 
 POSITIONLESS_KINDS = ("relative",)  # table kinds indexed by distance, not by absolute position
 COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
@@ -224,20 +227,38 @@ class PreparedGraph:
 
 
 def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:
-    """Positions to check a dynamic-length model over: every row of the tables it reads by position,
-    up to MAX_CHECKED_POSITIONS. None for a fixed length or without such tables.
+    """Positions to check a dynamic-length model over: every position its tables serve (their rows less the
+    offset its position ids start at, pe_export/lengths.py), up to MAX_CHECKED_POSITIONS. None for a fixed length
+    or without such tables.
 
     Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
     at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
     """
     if not any_dynamic_length(frozen.specs):
         return None
-    length = prepared.position_length() if prepared is not None else position_rows(loaded, frozen)
-    return min(length, MAX_CHECKED_POSITIONS) if length else None
+    return checked_positions(model_limit(loaded, frozen), prepared)
+
+
+def checked_positions(limit: SequenceLimit | None, prepared: PreparedGraph | None = None) -> int | None:
+    """checked_length for a model of this ``limit`` (a dynamic length), its tables as ``prepared`` rebuilt them."""
+    length = prepared.position_length() if prepared is not None else (limit.rows if limit else None)
+    if not length:
+        return None
+    return min(length - (limit.offset if limit else 0), MAX_CHECKED_POSITIONS)
+
+
+def model_limit(loaded: Any, frozen: Any) -> SequenceLimit | None:
+    """The longest sequence the reference takes where a table read by position bounds it (pe_export/lengths.py)."""
+    from pe_export.lengths import sequence_limit
+    from pe_export.savedmodel import input_bounds
+
+    if not any_dynamic_length(frozen.specs):
+        return None
+    return sequence_limit(frozen, position_rows(loaded, frozen), input_bounds(frozen))
 
 
 def position_rows(loaded: Any, frozen: Any) -> int | None:
-    """Rows of the tables the model reads by position (the longest sequence it can run), None without any."""
+    """Rows of the tables the model reads by position, None without any (the tokens it takes: model_limit)."""
     return prepare_graph(loaded, frozen, TableOptions(list_only=True)).position_length()
 
 
