@@ -393,7 +393,7 @@ def write_bundle(
     output: Path,
     batches: Iterable[Batch],
     *,
-    model: dict[str, str],
+    model: dict[str, Any],
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     seq_len: int,
