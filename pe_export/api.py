@@ -388,15 +388,20 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
     the plain export (small tables: the rebuild's ops outweigh the bytes saved), write the plain one."""
     data, log, notes = convert(job.rewritten)
     tables = job.options.tables
-    if job.rewritten is None or tables.method != "auto" or tables.max_len is not None:
+    if job.rewritten is None or not job.rewritten.replacements or tables.method != "auto" or tables.max_len is not None:
         return data, log, notes  # a method asked by name, or --max-len (rows the plain file lacks)
     searches, job.searches = job.searches, []  # each conversion's own
-    plain, plain_log, plain_notes = convert(None)
+    # the plain file keeps the frozen position arithmetic (it is what makes the file run), not the rebuilt tables
+    plain_graph = replace(job.rewritten, replacements={}) if job.rewritten.arithmetic else None
+    plain, plain_log, plain_notes = convert(plain_graph)
     if _payload_bytes(plain) > _payload_bytes(data):
         job.searches = searches
         return data, log, notes
     assert job.prepared is not None
-    job.prepared.results = [result.kept("the rebuild made the file larger") for result in job.prepared.results]
+    job.prepared.results = [
+        result if result.method == "frozen" else result.kept("the rebuild made the file larger")
+        for result in job.prepared.results
+    ]
     note = (
         f"--compress: with the tables rebuilt the file was {_payload_bytes(data):,} B, plain "
         f"{_payload_bytes(plain):,} B (the rebuild's ops outweigh the table bytes saved): the plain file is written"
@@ -435,7 +440,8 @@ class _Job:
         """The table pipeline's graph where it rebuilds a table; else None, and the plain graph is converted
         (a graph that rewrites nothing would only cost bytes: --compress never makes a file larger)."""
         prepared = self.prepared
-        return prepared if prepared is not None and (prepared.replacements or prepared.unfolded) else None
+        changes = prepared is not None and (prepared.replacements or prepared.unfolded or prepared.arithmetic)
+        return prepared if changes else None
 
     @cached_property
     def check_length(self) -> int:
@@ -579,11 +585,15 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
         _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
     provenance = provenance_entries(source.digest, options.precision, signature_name)
     prepared = None
-    from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
+    from pe_export.tables.pipeline import folds_relative_gather, model_limit, prepare_graph
 
-    if options.tables.rewrites or folds_relative_gather(frozen):
+    arithmetic = _has_position_arithmetic(frozen)
+    limit = model_limit(loaded, frozen) if arithmetic else None
+    if options.tables.rewrites or folds_relative_gather(frozen) or arithmetic:
         tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
-        prepared = prepare_graph(loaded, frozen, tables)
+        prepared = prepare_graph(
+            loaded, frozen, tables, arithmetic=arithmetic, arithmetic_limit=limit.tokens if limit else None
+        )
     job = _Job(
         file_format,
         saved_model,
@@ -596,9 +606,22 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
         prepared,
         given=source.given,
     )
+    if arithmetic:
+        job.__dict__["limit"] = limit  # measured once (the cached property's value)
     if options.text is not None or options.inputs is not None:
         _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
     return job
+
+
+def _has_position_arithmetic(frozen: FrozenSignature) -> bool:
+    """A dynamic-length graph whose position arithmetic is frozen before conversion (tables/arithmetic.py)."""
+    from pe_export.specs import any_dynamic_length
+    from pe_export.tables.arithmetic import has_position_arithmetic
+
+    if not any_dynamic_length(frozen.specs):
+        return False
+    graph_def, inputs, _ = frozen.graph()
+    return has_position_arithmetic(graph_def, inputs)
 
 
 def _check_length_fits_tables(
@@ -631,7 +654,7 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
     from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs
     from pe_export.sources import model_source
-    from pe_export.tables.pipeline import prepare_graph
+    from pe_export.tables.pipeline import model_limit, prepare_graph
 
     options.tables.validate()
     with model_source(Path(saved_model)) as source:
@@ -639,7 +662,11 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
         signature = loaded.signature(options.signature)
         specs = options.export_specs(signature_input_specs(signature))
         frozen = FrozenSignature(signature, specs)
-        return prepare_graph(loaded, frozen, replace(options.tables, list_only=True)).results
+        arithmetic = _has_position_arithmetic(frozen)
+        limit = model_limit(loaded, frozen) if arithmetic else None
+        listing = replace(options.tables, list_only=True)
+        tokens = limit.tokens if limit else None
+        return prepare_graph(loaded, frozen, listing, arithmetic=arithmetic, arithmetic_limit=tokens).results
 
 
 def verification_feeds(

@@ -19,7 +19,7 @@ from pe_export.tables.sinusoid import sinusoid_values
 if TYPE_CHECKING:
     from pe_export.lengths import SequenceLimit
 
-POSITIONLESS_KINDS = ("relative",)  # table kinds indexed by distance, not by absolute position
+POSITIONLESS_KINDS = ("relative", "relative-bucket")  # table kinds indexed by distance, not by absolute position
 COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
 
 
@@ -195,6 +195,7 @@ class PreparedGraph:
     anchor: tuple[str, str, tuple[int | None, ...]] = ("", "", ())
     prefix_only: set[str] = field(default_factory=set)
     unfolded: int = 0  # relative gathers kept at run time (tables/graph.py gathers_at_run_time)
+    arithmetic: int = 0  # conditions folded and indices frozen into tables by distance (tables/arithmetic.py)
 
     def position_length(self) -> int | None:
         """How many positions the model and this graph both serve: the fewest rows of any table read by
@@ -275,8 +276,11 @@ def folds_relative_gather(frozen: Any) -> bool:
     return fixed_length(frozen) and bool(relative_gathers(frozen.graph()[0]))
 
 
-def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGraph:
-    """``frozen`` is the signature's FrozenSignature (pe_export.savedmodel)."""
+def prepare_graph(
+    loaded: Any, frozen: Any, options: TableOptions, *, arithmetic: bool = False, arithmetic_limit: int | None = None
+) -> PreparedGraph:
+    """``frozen`` is the signature's FrozenSignature (pe_export.savedmodel). ``arithmetic``: position arithmetic
+    is frozen first (tables/arithmetic.py), for a model taking ``arithmetic_limit`` tokens at most (None: any)."""
     from pe_export.tables.graph import (
         fold_constants,
         gathers_at_run_time,
@@ -288,6 +292,12 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
 
     options.validate()
     graph_def, inputs, outputs = frozen.graph()
+    arithmetic_results: list[TableResult] = []
+    arithmetic_changes = 0
+    if arithmetic:
+        graph_def, arithmetic_results, arithmetic_changes = _frozen_arithmetic(
+            graph_def, inputs, outputs, frozen, arithmetic_limit
+        )
     original = {
         node.name: const_value(node)
         for node in graph_def.node
@@ -320,8 +330,9 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
     if options.list_only:
+        listed = [plan_table(t, TableOptions()) for t in tables] + arithmetic_results
         return PreparedGraph(
-            folded, inputs, outputs, tables, [plan_table(t, TableOptions()) for t in tables], unfolded=len(relatives)
+            folded, inputs, outputs, tables, listed, unfolded=len(relatives), arithmetic=arithmetic_changes
         )
     results = [plan_table(table, options) for table in tables]
     for result in results:
@@ -337,4 +348,42 @@ def prepare_graph(loaded: Any, frozen: Any, options: TableOptions) -> PreparedGr
     prefix_only = set()
     if len(anchor_spec.shape) >= 2:
         prefix_only = {name for name in replacements if prefix_slices_only(folded, name)}
-    return PreparedGraph(folded, inputs, outputs, tables, results, replacements, anchor, prefix_only, len(relatives))
+    return PreparedGraph(
+        folded,
+        inputs,
+        outputs,
+        tables,
+        results + arithmetic_results,
+        replacements,
+        anchor,
+        prefix_only,
+        len(relatives),
+        arithmetic_changes,
+    )
+
+
+def _frozen_arithmetic(
+    graph_def: Any, inputs: dict[str, str], outputs: dict[str, str], frozen: Any, limit: int | None
+) -> tuple[Any, list[TableResult], int]:
+    """The graph with its position arithmetic frozen, a result per table made, and how many changes."""
+    from pe_export.tables.arithmetic import rewrite_position_arithmetic
+
+    rewrite = rewrite_position_arithmetic(graph_def, inputs, [node_name(o) for o in outputs], frozen.weights, limit)
+    results = []
+    for table in rewrite.tables:
+        if table.shape_type is not None:
+            continue
+        info = TableInfo(
+            node=table.tensor,
+            name=table.tensor.rsplit(":", 1)[0].split("StatefulPartitionedCall/")[-1],
+            source="computed",
+            kind="relative-bucket",
+            shape=(table.values.size,),
+            dtype=str(table.values.dtype),
+            value=table.values,
+            notes=[f"position arithmetic frozen: {table.describe()}"],
+        )
+        why = f"an index computed in float from positions, frozen by distance ({table.describe()})"
+        nbytes = table.values.nbytes
+        results.append(TableResult(info, "frozen", True, 0, nbytes, 0.0, table.values.size, notes={"frozen:": why}))
+    return rewrite.graph_def, results, rewrite.folded_conditions + len(rewrite.tables)
