@@ -95,11 +95,15 @@ def convert_onnx(
     if failure is not None:
         first = one_line(failure)
         raise ConversionError(f"tf2onnx failed: {first}") from failure
+    imported = import_node_domains(model)
     large = frozen.weights.nbytes > INLINE_LIMIT
     if large:  # onnx.checker takes no ModelProto past 2 GiB: check the graph while the weights are inputs
         check_onnx_model(model, "tf2onnx output")
     bind_initializers(model, list(weights.values()), frozen.weights.value)
     notes = _cleaned_up(model, options.fuse)
+    imported = sorted({*imported, *import_node_domains(model)})
+    if imported:
+        notes.append(f"tf2onnx wrote ops of {', '.join(imported)} without their opset import: imported")
     if not large:
         check_onnx_model(model, "tf2onnx output")
     if float_out is not None and options.quantize != "none" and not large:
@@ -172,6 +176,33 @@ def check_onnxruntime_loads(data: bytes) -> None:
     except Exception as err:  # onnxruntime's own exception types
         first = one_line(err)
         raise ConversionError(f"onnxruntime cannot load the exported model: {first}") from err
+
+
+# Opset versions of the domains tf2onnx writes ops of beside the standard one (onnxruntime's contrib ops).
+DOMAIN_OPSETS = {"com.microsoft": 1}
+
+
+def import_node_domains(model: Any) -> list[str]:
+    """In place: an opset import for each known domain a node uses but the model does not import (tf2onnx writes
+    com.microsoft ops, e.g. for CLIP's quick GELU, without one, and onnx.checker refuses the file); the domains."""
+    onnx = import_onnx()
+    imported = {entry.domain for entry in model.opset_import}
+    used = {node.domain for node in _all_nodes(model.graph) if node.domain and node.domain != "ai.onnx"}
+    missing = sorted(domain for domain in used - imported if domain in DOMAIN_OPSETS)
+    for domain in missing:
+        model.opset_import.append(onnx.helper.make_opsetid(domain, DOMAIN_OPSETS[domain]))
+    return missing
+
+
+def _all_nodes(graph: Any) -> list[Any]:
+    """The graph's nodes and those of its subgraphs (If and Loop bodies)."""
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+                nodes.extend(_all_nodes(subgraph))
+    return nodes
 
 
 def check_onnx_model(model: Any, what: str) -> None:

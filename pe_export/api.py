@@ -458,7 +458,7 @@ class _Job:
 
     @cached_property
     def limit(self) -> SequenceLimit | None:
-        """The longest sequence the reference takes, where a table read by position bounds it (pe_export/lengths)."""
+        """The longest sequence the reference takes, where a table read by position bounds it (pe_export/lengths.py)."""
         from pe_export.tables.pipeline import model_limit
 
         return model_limit(self.loaded, self.frozen)
