@@ -15,6 +15,7 @@ from pe_export.converters.onnx_rewrites import float16_stored, fold_shapes_of_in
 from pe_export.converters.onnx_weight_int8 import weight_only_int8
 from pe_export.converters.onnx_weights import bind_initializers, stand_in_names
 from pe_export.converters.options import ExportOptions
+from pe_export.converters.tf2onnx_fixes import sound_optimizers
 from pe_export.converters.tf2onnx_order import repeatable_conversion
 from pe_export.errors import BadInputError, ConversionError, missing_extra, one_line
 from pe_export.inspection.onnx_file import import_onnx, unknown_ops
@@ -79,7 +80,7 @@ def convert_onnx(
         graph_def, inputs, outputs = prepared.graph_def("onnx"), prepared.inputs, prepared.outputs
     # Weight stand-ins enter tf2onnx as graph inputs and are bound as initializers after it (onnx_weights.py).
     weights = {f"{name}:0": name for name in stand_in_names(graph_def)}
-    with capture_native_output(quiet) as log, repeatable_conversion():
+    with capture_native_output(quiet) as log, repeatable_conversion(), sound_optimizers():
         try:
             model, _ = tf2onnx.convert.from_graph_def(
                 graph_def,

@@ -1,8 +1,9 @@
-"""tf2onnx handlers for TensorFlow ops that tf2onnx 1.17 leaves unconverted.
+"""tf2onnx handlers for TensorFlow ops that tf2onnx 1.17 leaves unconverted or converts wrongly.
 
 Keras 3's exact GELU lowers to ``Erfc``; tf2onnx has no handler for it, logs an error,
-exits 0 and writes an ``Erfc`` node that ONNX does not define. Importing this module
-registers the missing conversions with tf2onnx's handler registry.
+exits 0 and writes an ``Erfc`` node that ONNX does not define. A float ``Select`` it writes as a
+sum of products, which a NaN in the branch not taken poisons. Importing this module registers
+the conversions with tf2onnx's handler registry.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
 from tf2onnx import utils
 from tf2onnx.handler import tf_op
 
@@ -30,3 +32,19 @@ class Erfc:
         )
         node.type = "Sub"
         ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+
+@tf_op(["Select", "SelectV2"])
+class SelectAsWhere:
+    """A float ``tf.where`` as ONNX ``Where``. tf2onnx writes it as cond·x + (1 − cond)·y wherever it sees no
+    NaN or Inf among the constants, which is wrong when the branch not taken holds one at run time: DeBERTa's
+    masked softmax of a fully masked row is NaN, ``tf.where(mask, 0, softmax)`` zero in TensorFlow, NaN·0 = NaN in
+    that sum. Integer selects keep tf2onnx's form (exact for every integer)."""
+
+    @classmethod
+    def version_9(cls, ctx: Any, node: Any, **kwargs: Any) -> None:
+        from tf2onnx.onnx_opset.controlflow import Select
+
+        if ctx.get_dtype(node.output[0]) in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
+            node.set_attr("handles_nan", True)
+        Select.version_9(ctx, node, **kwargs)

@@ -21,7 +21,14 @@ from pe_export.constants import (
     VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
-from pe_export.errors import BadInputError, ConversionError, ExitCode, ParityError, RuntimeUnavailableError
+from pe_export.errors import (
+    BadInputError,
+    ConversionError,
+    ExitCode,
+    InputsRejectedError,
+    ParityError,
+    RuntimeUnavailableError,
+)
 from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
 from pe_export.holdout import Cases, Parts, in_batches, samples, split_rows
 from pe_export.inputs import generate_inputs, valid_positions
@@ -194,7 +201,13 @@ def _export(
             converter_layout=plain,
             weights=source.weight_bytes,
         )
-        report = _judged_by_accuracy(export, source, output, options, quiet)
+        try:
+            report = _judged_by_accuracy(export, source, output, options, quiet)
+        except InputsRejectedError as err:  # a file of the export's own, on inputs the SavedModel took
+            raise ConversionError(
+                f"a {file_format} file of this export fails in its runtime on inputs the SavedModel runs ({err}); "
+                "nothing was written: a conversion fault, please report it with `pe-export inspect` of the SavedModel"
+            ) from err
     report.source = Path(given)
     return report
 
@@ -654,6 +667,7 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
     from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs
     from pe_export.sources import model_source
+    from pe_export.specs import any_dynamic_length
     from pe_export.tables.pipeline import model_limit, prepare_graph
 
     options.tables.validate()
@@ -662,7 +676,7 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
         signature = loaded.signature(options.signature)
         specs = options.export_specs(signature_input_specs(signature))
         frozen = FrozenSignature(signature, specs)
-        arithmetic = _has_position_arithmetic(frozen)
+        arithmetic = any_dynamic_length(frozen.specs)  # the tables it computes at run time are listed too
         limit = model_limit(loaded, frozen) if arithmetic else None
         listing = replace(options.tables, list_only=True)
         tokens = limit.tokens if limit else None
@@ -783,20 +797,14 @@ def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
     started, done = time.perf_counter(), []  # timed as `pe-export parity` times the file: load, results
     with create_runner(runner_name, path) as candidate:
         load_s = time.perf_counter() - started
-        try:
-            outputs = compare_batches(
-                candidate,
-                batches,
-                tolerances,
-                model_name=job.output.name,
-                progress=lambda: done.append(time.perf_counter() - started),
-                sequence_outputs=job.sequence_outputs,
-            )
-        except BadInputError as err:  # inputs the SavedModel ran: the file is at fault, not the user
-            raise ConversionError(
-                f"the {job.file_format} file fails in {runner_name} on inputs the SavedModel runs ({err}); nothing "
-                "was written: a conversion fault, please report it with `pe-export inspect` of the SavedModel"
-            ) from err
+        outputs = compare_batches(
+            candidate,
+            batches,
+            tolerances,
+            model_name=job.output.name,
+            progress=lambda: done.append(time.perf_counter() - started),
+            sequence_outputs=job.sequence_outputs,
+        )
         runtime = candidate.describe()
     shape = feed_shape(batches[0].inputs)
     return ParityReport(

@@ -45,6 +45,11 @@ class BadInputError(PeExportError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class InputsRejectedError(BadInputError):
+    """A runtime refused the inputs it was given for a file. Bad input at `pe-export parity` (a bundle that does
+    not fit the file); during an export, whose files run on inputs the SavedModel took, a conversion fault."""
+
+
 class OutputExistsError(BadInputError):
     """Refusing to replace an existing output without --overwrite."""
 

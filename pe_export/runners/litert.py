@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
+from pe_export.errors import BadInputError, InputsRejectedError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.native import capture_native_output
 from pe_export.runners.base import NO_RUNTIME_FIX, Runner, register_runner
 from pe_export.specs import TensorSpec
@@ -122,7 +122,7 @@ class _TFLiteRunner(Runner):
             message = one_line(err)
             if FLEX_MESSAGE_MARKER in str(err) or (UNSUPPORTED_TYPE_MARKER in str(err) and not self.current_kernels):
                 raise self._load_error(err) from err
-            raise BadInputError(f"{self.name} rejected the inputs: {message}") from err
+            raise InputsRejectedError(f"{self.name} rejected the inputs: {message}") from err
         # An integer output (a full-integer file's before its last DEQUANTIZE) as the real numbers it stands for
         return {name: real_value(self._output_details[name], np.array(value)) for name, value in outputs.items()}
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pe_export.errors import BadInputError, RuntimeUnavailableError, missing_extra, one_line
+from pe_export.errors import BadInputError, InputsRejectedError, RuntimeUnavailableError, missing_extra, one_line
 from pe_export.inspection.onnx_file import too_new_for
 from pe_export.runners.base import Runner, register_runner
 from pe_export.runtime_options import DEFAULT_PROVIDERS, PROVIDER_ALIASES, resolve_providers
@@ -203,7 +203,7 @@ class OnnxRuntimeRunner(Runner):
             values = self._session.run(names, feed)
         except Exception as err:
             first_line = one_line(err)
-            raise BadInputError(f"onnxruntime rejected the inputs: {first_line}") from err
+            raise InputsRejectedError(f"onnxruntime rejected the inputs: {first_line}") from err
         produced = dict(zip(names, values, strict=True))
         if not self.preserve_tensors:
             return produced

@@ -91,6 +91,68 @@ def has_position_arithmetic(graph_def: Any, inputs: dict[str, str]) -> bool:
     )
 
 
+# Length at which tables computed at run time (rotary caches from an inv_freq weight) are measured for listing.
+LISTING_LENGTH = 64
+
+
+def computed_tables(
+    graph_def: Any, inputs: dict[str, str], weights: Any, limit: int | None
+) -> list[tuple[str, np.ndarray]]:
+    """(tensor, value at the listing length) of each float tensor the graph computes from positions alone and hands
+    to the rest: a table computed at run time (ESM's rotary cos/sin from its inv_freq). Listed, not rewritten:
+    they are builtins, and no length bounds them."""
+    input_nodes = {node_name(tensor) for tensor in inputs}
+    free = data_free(graph_def, input_nodes)
+    readers = _readers(graph_def)
+    candidates = [
+        f"{node.name}:0"
+        for node in graph_def.node
+        if node.name in free
+        and node.op not in ("Const", "Placeholder", "Identity", "Shape")
+        and "T" in node.attr  # (reading a missing key of a protobuf map would add it)
+        and node.attr["T"].type in _FLOAT_TYPES
+        and any(reader.name not in free for reader in readers.get(f"{node.name}:0", []))
+    ]
+    nodes = {node.name: node for node in graph_def.node}
+    candidates = [tensor for tensor in candidates if not _reads_a_table(node_name(tensor), nodes, free)]
+    if not candidates:
+        return []
+    evaluator = _Evaluator(graph_def, input_nodes, weights)
+    long = min(limit or LISTING_LENGTH, LISTING_LENGTH)
+    short = max(3, long // 2)
+    at_long, at_short = evaluator.run(candidates, long), evaluator.run(candidates, short)
+    if at_long is None or at_short is None:
+        return []
+    found = []
+    for tensor, value, small in zip(candidates, at_long, at_short, strict=True):
+        grows = [axis for axis, size in enumerate(value.shape) if size == long and small.shape[axis] == short]
+        if value.ndim >= 2 and len(grows) == 1 and grows[0] != value.ndim - 1:
+            found.append((tensor, value))
+    return found
+
+
+def _reads_a_table(name: str, nodes: dict[str, Any], free: set[str]) -> bool:
+    """Whether position arithmetic ``name`` reads a stored table (a float constant or weight of 2 or more
+    dimensions): then it is that table, sliced, and the table is what is listed."""
+    frontier, seen = [name], set()
+    while frontier:
+        current = frontier.pop()
+        if current in seen or current not in free or current not in nodes:
+            continue
+        seen.add(current)
+        node = nodes[current]
+        if node.op in ("Const", "Placeholder"):
+            key = "value" if node.op == "Const" else "shape"
+            if key not in node.attr or "dtype" not in node.attr:
+                continue
+            shape = node.attr[key].tensor.tensor_shape if node.op == "Const" else node.attr[key].shape
+            if node.attr["dtype"].type in _FLOAT_TYPES and sum(dim.size != 1 for dim in shape.dim) >= 2:
+                return True
+            continue
+        frontier.extend(node_name(tensor) for tensor in node.input if not tensor.startswith("^"))
+    return False
+
+
 def rewrite_position_arithmetic(
     graph_def: Any, inputs: dict[str, str], outputs: list[str], weights: Any, limit: int | None
 ) -> ArithmeticRewrite:

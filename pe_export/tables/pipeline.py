@@ -14,7 +14,7 @@ from pe_export.graphdef import const_value, node_name
 from pe_export.specs import any_dynamic_length, any_fixed_length
 from pe_export.tables.detect import TableInfo, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
-from pe_export.tables.sinusoid import sinusoid_values
+from pe_export.tables.sinusoid import fit_sinusoid, sinusoid_values
 
 if TYPE_CHECKING:
     from pe_export.lengths import SequenceLimit
@@ -362,6 +362,26 @@ def prepare_graph(
     )
 
 
+def _computed_at_run_time(graph_def: Any, inputs: dict[str, str], weights: Any, limit: int | None) -> list[TableResult]:
+    """Sinusoid and rotary tables the graph computes from positions at run time, listed (kept as they are)."""
+    from pe_export.tables.arithmetic import LISTING_LENGTH, computed_tables
+    from pe_export.tables.detect import table_dims
+
+    results = []
+    for tensor, value in computed_tables(graph_def, inputs, weights, limit):
+        squeezed = table_dims(list(value.shape))
+        rows = value.reshape(-1, value.shape[-1]).astype(np.float64)
+        fit = fit_sinusoid(rows) if squeezed is not None else None
+        if fit is None:
+            continue
+        kind = {"cos-cache": "rotary-cos", "sin-cache": "rotary-sin"}.get(fit.layout, f"sinusoid-{fit.layout}")
+        name = tensor.rsplit(":", 1)[0].split("StatefulPartitionedCall/")[-1]
+        info = TableInfo(tensor, name, "run time", kind, tuple(value.shape), str(value.dtype), value, fit)
+        info.notes.append(f"computed from positions at run time in builtins (shown at {LISTING_LENGTH} positions)")
+        results.append(TableResult.unchanged(info, squeezed[0] if squeezed else 0))
+    return results
+
+
 def _frozen_arithmetic(
     graph_def: Any, inputs: dict[str, str], outputs: dict[str, str], frozen: Any, limit: int | None
 ) -> tuple[Any, list[TableResult], int]:
@@ -369,7 +389,7 @@ def _frozen_arithmetic(
     from pe_export.tables.arithmetic import rewrite_position_arithmetic
 
     rewrite = rewrite_position_arithmetic(graph_def, inputs, [node_name(o) for o in outputs], frozen.weights, limit)
-    results = []
+    results = _computed_at_run_time(rewrite.graph_def, inputs, frozen.weights, limit)
     for table in rewrite.tables:
         if table.shape_type is not None:
             continue

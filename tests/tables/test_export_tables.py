@@ -16,11 +16,11 @@ from pe_export.tables.pipeline import TableOptions
 from tests.helpers import litert_outputs, max_abs_error, onnxruntime_outputs, reference_outputs, run_cli, token_feed
 
 EXPORTS = {"tflite": (export_tflite, litert_outputs), "onnx": (export_onnx, onnxruntime_outputs)}
-DYNAMIC_KINDS = {  # at a dynamic length, tables computed from range(T) stay computations, not tables
-    "sinusoid_computed": (),
-    "rotary": (),
+DYNAMIC_KINDS = {  # at a dynamic length, tables computed from range(T) stay computations, listed as such
     "hybrid_separate": ("learned", "sinusoid-interleaved"),  # two tables, each sliced; folded into one when fixed
+    "t5_bias": ("relative", "relative-bucket"),  # its float log buckets frozen by distance (tables/arithmetic.py)
 }
+COMPUTED_AT_RUN_TIME = ("sinusoid_computed", "rotary")  # dynamic length: listed with source "run time", kept
 TABLE_BYTES_512 = 512 * 512 * 4
 
 
@@ -36,10 +36,13 @@ def test_variant_is_detected_and_exports_with_parity(
     variant: str, seq_len: int | None, variant_model, tmp_path: Path
 ) -> None:
     model = variant_model(variant, seq_len)
-    found = sorted(r.table.kind for r in find_position_tables(model, ExportOptions()))
+    listed = find_position_tables(model, ExportOptions())
+    found = sorted(r.table.kind for r in listed)
     expected = VARIANTS[variant][1] if seq_len else DYNAMIC_KINDS.get(variant, VARIANTS[variant][1])
     assert found == sorted(expected), found
-    options = ExportOptions(tables=table_options_for(found))
+    run_time = {r.table.source == "run time" for r in listed}
+    assert run_time == ({not seq_len and variant in COMPUTED_AT_RUN_TIME} if listed else set())
+    options = ExportOptions(tables=table_options_for([r.table.kind for r in listed if r.table.source != "run time"]))
     for target, (export, run) in EXPORTS.items():
         report = export(model, tmp_path / f"m.{target}", options)
         assert report.exit_code == ExitCode.OK, (target, report.parity and report.parity.max_abs)
