@@ -29,7 +29,7 @@ from tests.test_hf_models import _independent_error  # noqa: E402
 EXPORTS = {"tflite": (export_tflite, "litert"), "onnx": (export_onnx, "onnxruntime")}
 
 
-def measure(saved_model: Path, root: Path) -> dict[str, str]:
+def measure(saved_model: Path, root: Path, stem: str) -> dict[str, str]:
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(None)
     limit = model_limit(loaded, FrozenSignature(signature, signature_input_specs(signature)))
@@ -40,7 +40,7 @@ def measure(saved_model: Path, root: Path) -> dict[str, str]:
     }
     for target, (export, runtime) in EXPORTS.items():
         for label, compress in (("plain", None), ("c64", 64)):
-            output = root / f"{saved_model.name}-{label}.{target}"
+            output = root / f"{stem}-{label}.{target}"
             try:
                 report = export(saved_model, output, ExportOptions(tables=TableOptions(compress=compress)))
             except PeExportError as err:
@@ -68,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         models = build_in_child(wanted, Path(scratch))
         for (family, how), path in models.items():
-            row = measure(path, Path(scratch))
+            row = measure(path, Path(scratch), f"{family}-{how}")
             cells = " ".join(f"{row.get(c, '-'):>13}" for c in columns)
             print(f"{family:<16} {how:<10} {row['tables'][:30]:<30} {row['limit']:>7} {cells}", flush=True)
 

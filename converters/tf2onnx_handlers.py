@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 from onnx import TensorProto
-from tf2onnx import utils
+from tf2onnx import (
+    onnx_opset,  # noqa: F401  (tf2onnx's own handlers first: those registered here replace them)
+    utils,
+)
 from tf2onnx.handler import tf_op
 
 
