@@ -31,7 +31,10 @@ MODELS = {
     ("mpnet", "signature"): "the same offset, and T5-style buckets computed in float64 (FlexLog without the rewrite)",
     ("deberta_v2", "pretrained"): "tf.cond on shapes, log buckets in float64, no absolute table (unbounded length); "
     "tf2onnx's back-to-back reshape merge",
-    ("deberta", "signature"): "42 conditions on shapes (v1 control flow tf2onnx mis-converts), a masked softmax "
+    (
+        "deberta",
+        "signature",
+    ): "conditions on shapes (42 Switch nodes: v1 control flow tf2onnx mis-converts), a masked softmax "
     "whose fully masked rows are NaN before tf.where zeroes them",
     ("esm", "pretrained"): "rotary cos/sin computed at run time from an inv_freq weight",
     ("clip_text", "signature"): "tf2onnx writes com.microsoft ops without their opset import",

@@ -250,9 +250,11 @@ class _Evaluator:
             return None
 
 
-def _lengths(limit: int | None) -> tuple[int, ...]:
+def _shapes(limit: int | None) -> tuple[tuple[int, int], ...]:
+    """(length, batch) pairs a condition must hold the same at: short and long, one row and two."""
     long = limit or UNBOUNDED_LENGTH
-    return tuple(sorted({min(SHORT_LENGTH, long), max(2, long // 2), long}))
+    short = min(SHORT_LENGTH, long)
+    return tuple(sorted({(short, 1), (short, 2), (long, 1)}))
 
 
 def _static_conditions(graph_def: Any, free: set[str], evaluator: _Evaluator, limit: int | None) -> dict[str, bool]:
@@ -265,13 +267,12 @@ def _static_conditions(graph_def: Any, free: set[str], evaluator: _Evaluator, li
     tensors = sorted(set(predicates.values()))
     names = [t if ":" in t else f"{t}:0" for t in tensors]
     seen: dict[str, set[bool | None]] = {t: set() for t in tensors}
-    for length in _lengths(limit):
-        for batch in (1, 2):
-            together = evaluator.run(names, length, batch)
-            # some inside a branch not taken: each alone, those left undecided
-            alone = together if together is not None else [_one(evaluator, name, length, batch) for name in names]
-            for tensor, value in zip(tensors, alone, strict=True):
-                seen[tensor].add(None if value is None else bool(np.asarray(value).item()))
+    for length, batch in _shapes(limit):
+        together = evaluator.run(names, length, batch)
+        # some inside a branch not taken: each alone, those left undecided
+        alone = together if together is not None else [_one(evaluator, name, length, batch) for name in names]
+        for tensor, value in zip(tensors, alone, strict=True):
+            seen[tensor].add(None if value is None else bool(np.asarray(value).item()))
     return {
         switch: bool(next(iter(seen[p])))
         for switch, p in predicates.items()
@@ -319,7 +320,11 @@ def _untaken(graph_def: Any, decided: dict[str, bool]) -> tuple[dict[str, str], 
         data = [i for i in node.input if not i.startswith("^")]
         dead_inputs = [i for i in data if _port(i) in dead_ports or node_name(i) in dead]
         live = [i for i in data if i not in dead_inputs]
-        if node.op == "Merge" and dead_inputs and len(live) == 1:
+        # as in TensorFlow's executor, a dead control input makes a node dead too (a branch's constants hang
+        # on its pivot by one)
+        if node.op != "Merge" and any(i.startswith("^") and i[1:] in dead for i in node.input):
+            dead.add(node.name)
+        elif node.op == "Merge" and dead_inputs and len(live) == 1:
             replace[node.name] = replace[f"{node.name}:0"] = live[0]
             removed.add(node.name)  # replaced, not dead: its readers read the live input
         elif dead_inputs and (node.op != "Merge" or not live):

@@ -401,7 +401,7 @@ def _frozen_arithmetic(
             shape=(table.values.size,),
             dtype=str(table.values.dtype),
             value=table.values,
-            notes=[f"position arithmetic frozen: {table.describe()}"],
+            notes=[f"gathered by distance: position arithmetic computed in float, frozen ({table.describe()})"],
         )
         why = f"an index computed in float from positions, frozen by distance ({table.describe()})"
         nbytes = table.values.nbytes

@@ -114,6 +114,10 @@ def _constant_index(value: np.ndarray | None) -> tuple[str, str] | None:
     return None
 
 
+def _integer_constant(node: Any) -> bool:
+    return node is not None and node.op == "Const" and "dtype" in node.attr and node.attr["dtype"].type in (3, 9)
+
+
 def index_origin(graph: GraphIndex, tensor: str) -> tuple[str, str]:
     """Where gather indices come from: ("input", name), ("range", how), ("distance", how) or ("other", op).
 
@@ -131,6 +135,8 @@ def index_origin(graph: GraphIndex, tensor: str) -> tuple[str, str]:
             return None  # pe-export's own run-time zero reads an input but carries no index
         if node.op in _SOURCE_OPS:
             return _source_origin(graph, node)
+        if node.op == "GatherV2" and _integer_constant(graph.source(node.input[0])):
+            return walk(node.input[1], depth + 1)  # an index looked up in a table of indices (frozen buckets)
         if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose"):
             return walk(node.input[0], depth + 1)
         if node.op not in _INDEX_KEEPS and node.op not in _DISTANCE_KEEPS and node.op != "Sub":
