@@ -2,7 +2,8 @@
 
 Keras 3's exact GELU lowers to ``Erfc``; tf2onnx has no handler for it, logs an error,
 exits 0 and writes an ``Erfc`` node that ONNX does not define. A float ``Select`` it writes as a
-sum of products, which a NaN in the branch not taken poisons. Importing this module registers
+sum of products, which a NaN in the branch not taken poisons. Its integer segment min and max fail. Importing
+this module registers
 the conversions with tf2onnx's handler registry.
 """
 
@@ -51,3 +52,43 @@ class SelectAsWhere:
         if ctx.get_dtype(node.output[0]) in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
             node.set_attr("handles_nan", True)
         Select.version_9(ctx, node, **kwargs)
+
+
+class _IntegerLimits:
+    """numpy's ``iinfo`` with the limits as numpy scalars (numpy itself gives Python ints)."""
+
+    def __init__(self, dtype: Any) -> None:
+        info = np.iinfo(dtype)
+        self.min, self.max = np.array(info.min, dtype), np.array(info.max, dtype)
+
+
+class _NumpyWithScalarLimits:
+    def __getattr__(self, name: str) -> Any:
+        return _IntegerLimits if name == "iinfo" else getattr(np, name)
+
+
+@tf_op(["SegmentMax", "SegmentMin", "UnsortedSegmentMax", "UnsortedSegmentMin"])
+class SegmentExtremes:
+    """tf2onnx's segment handler, for integer data too. It takes an integer min or max segment's identity (the
+    dtype's largest or smallest value) from ``np.iinfo`` as a Python int and calls ``.tolist()`` on it, so every
+    integer one failed and was left as a ``SegmentMin`` node ONNX does not define (TAPAS resets its position ids
+    per table cell with one). The same handler, run with numpy scalars for those limits."""
+
+    @classmethod
+    def version_11(cls, ctx: Any, node: Any, **kwargs: Any) -> None:
+        cls._convert(11, ctx, node, **kwargs)
+
+    @classmethod
+    def version_13(cls, ctx: Any, node: Any, **kwargs: Any) -> None:
+        cls._convert(13, ctx, node, **kwargs)
+
+    @staticmethod
+    def _convert(opset: int, ctx: Any, node: Any, **kwargs: Any) -> None:
+        from tf2onnx.onnx_opset import reduction
+
+        original = reduction.np
+        reduction.np = _NumpyWithScalarLimits()  # read by this one call; put back below
+        try:
+            reduction.SegmentSum.any_version(opset, ctx, node, **kwargs)
+        finally:
+            reduction.np = original

@@ -10,6 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from pe_export.converters.flex_rewrites import (
+    FLEX_EINSUM,
+    FLEX_ROLL,
+    einsums_as_matmul,
+    int64_signs_by_comparison,
+    rolls_as_gathers,
+)
 from pe_export.converters.graph_rewrites import (
     INT32_ONLY_OPS,
     SLICE_FLEX_OP,
@@ -194,7 +201,7 @@ def _convert_with_rewrites(
     ) from None
 
 
-REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, *INT32_ONLY_OPS.values()}
+REWRITABLE_FLEX_OPS = {SLICE_FLEX_OP, FLEX_EINSUM, FLEX_ROLL, *INT32_ONLY_OPS.values()}
 
 
 def _speed_rewrites(graph_def: Any, rebuilt: Collection[str], fixed_shapes: bool) -> tuple[Any | None, list[str]]:
@@ -241,6 +248,22 @@ def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:
         notes.append(
             f"{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
             f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}"
+        )
+    graph_def, count = int64_signs_by_comparison(graph_def)
+    if count:
+        notes.append(
+            f"{count} other int64 Abs/Sign op(s) computed by comparisons (exact for every value): without it "
+            f"they needed {', '.join(INT32_ONLY_OPS.values())}"
+        )
+    graph_def, count = einsums_as_matmul(graph_def)
+    if count:
+        notes.append(
+            f"{count} einsum(s) of one batched matrix product converted as BATCH_MATMUL: without it {FLEX_EINSUM}"
+        )
+    graph_def, count = rolls_as_gathers(graph_def)
+    if count:
+        notes.append(
+            f"{count} roll(s) by constant shifts converted as gathers of shifted positions: without it {FLEX_ROLL}"
         )
     return graph_def, notes
 

@@ -6,6 +6,7 @@ Library code raises these; the CLI prints ``str(error)`` as one line and exits w
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -95,9 +96,17 @@ def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"  # :g would round 1048577 to 1.04858e+06
 
 
+# Lines of a TensorFlow graph error that say where, not what ("Graph execution error:", its stack's header).
+_TF_ERROR_FRAMING = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "[[", "File ")
+
+
 def one_line(error: BaseException) -> str:
-    """An exception's first non-empty line, or its type's name when it has no message (never IndexError)."""
-    for line in str(error).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(error).__name__
+    """An exception's first line that says what went wrong, or its type's name when it has no message (never
+    IndexError). A TensorFlow graph error's message follows its framing; the node it names is kept."""
+    lines = [re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line.strip()) for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    node = next((m.group(1) for line in lines if (m := re.search(r"\[\[\{\{node ([^}]+)\}\}\]\]", line))), None)
+    for line in lines:
+        if not line.startswith(_TF_ERROR_FRAMING):
+            return f"{line} (at node {node})" if node else line
+    return lines[0] if lines else type(error).__name__

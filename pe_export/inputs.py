@@ -56,6 +56,10 @@ def generate_inputs(
                 # Id 0 is the padding id in most vocabularies: keep it for padding.
                 low = 1 if high > 2 else 0
                 array = rng.integers(low, high, size=shape, dtype=np.int64)
+                if array.ndim == 3:
+                    # per-token coordinates ([batch, tokens, k]) come in order: LayoutLM's boxes are
+                    # (x0, y0, x1, y1) and index its width and height tables by x1 - x0 and y1 - y0
+                    array = np.sort(array, axis=-1)
         else:
             array = rng.standard_normal(shape)  # type: ignore[assignment]  # int ids or float features
         if padded and spec.has_sequence:

@@ -42,7 +42,8 @@ class SequenceLimit:
 
 def sequence_limit(frozen: Any, rows: int | None, bounds: dict[str, int]) -> SequenceLimit | None:
     """The limit of ``frozen``'s signature (a FrozenSignature of dynamic length) whose tables have ``rows``
-    positions; None without such a table. ``bounds``: the integer inputs' bounds (generated ids stay inside)."""
+    positions; None without such a table, or where it refuses even one token (for another reason than its
+    length: verification says which). ``bounds``: the integer inputs' bounds (generated ids stay inside)."""
     if rows is None:
         return None
     if _runs(frozen, rows, bounds):
@@ -50,11 +51,13 @@ def sequence_limit(frozen: Any, rows: int | None, bounds: dict[str, int]) -> Seq
     for length in range(rows - 1, max(0, rows - 1 - _NEAR_OFFSETS), -1):
         if _runs(frozen, length, bounds):
             return SequenceLimit(length, rows)
-    low, high = 0, rows - 1 - _NEAR_OFFSETS  # low runs (the empty case is never asked), high does not
+    if not _runs(frozen, 1, bounds):
+        return None  # refused for another reason than its length (verification then says which)
+    low, high = 1, rows - 1 - _NEAR_OFFSETS  # low runs, high does not
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if _runs(frozen, middle, bounds) else (low, middle)
-    return SequenceLimit(max(low, 1), rows)
+    return SequenceLimit(low, rows)
 
 
 def _runs(frozen: Any, length: int, bounds: dict[str, int]) -> bool:

@@ -14,7 +14,8 @@ from pe_export.native import import_tensorflow
 from pe_export.specs import TensorSpec
 
 # Ops that pass integer indices through unchanged on the way to an embedding lookup.
-_INDEX_PASSTHROUGH_OPS = {"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN"}
+# Pad: Longformer pads its ids to a multiple of its attention window with the pad id
+_INDEX_PASSTHROUGH_OPS = {"Identity", "Cast", "ExpandDims", "Reshape", "Squeeze", "IdentityN", "Pad", "PadV2"}
 _GATHER_OPS = {"GatherV2", "ResourceGather", "Gather"}
 # Index arithmetic that keeps an id an id, by input position: keras-hub wraps negative ids as
 # SelectV2(ids < 0, ids + rows, ids), and offsets or clips them.

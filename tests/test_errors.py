@@ -19,6 +19,19 @@ def test_one_line_takes_the_first_non_empty_line_or_the_type() -> None:
     assert one_line(OSError("   ")) == "OSError"
 
 
+def test_one_line_of_a_tensorflow_graph_error_says_what_and_where() -> None:
+    """TensorFlow's message starts "Graph execution error:" and its stack's header: the line that says what went
+    wrong comes after them (LayoutLM's boxes refused were reported as "Graph execution error:" alone)."""
+    import tensorflow as tf
+
+    table = tf.constant([[1.0], [2.0]])
+    lookup = tf.function(lambda ids: tf.gather(table, ids, name="rows"))
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        lookup(tf.constant([0, -6]))
+    line = one_line(caught.value)
+    assert line.startswith("indices[1] = -6 is not in [0, 2)") and "(at node rows" in line, line
+
+
 def test_check_range_is_inclusive_and_ignores_absent_options() -> None:
     check_range("--batch", None, 1, 4)
     check_range("--batch", 1, 1, 4)

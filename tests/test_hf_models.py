@@ -25,20 +25,32 @@ from tests.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.slow
 
-# (family, how it was saved) → what it exercises
-MODELS = {
-    ("roberta", "pretrained"): "position ids from pad_token_id + 1: 66 rows serve 64 tokens",
-    ("mpnet", "signature"): "the same offset, and T5-style buckets computed in float64 (FlexLog without the rewrite)",
-    ("deberta_v2", "pretrained"): "tf.cond on shapes, log buckets in float64, no absolute table (unbounded length); "
-    "tf2onnx's back-to-back reshape merge",
-    (
-        "deberta",
-        "signature",
-    ): "conditions on shapes (42 Switch nodes: v1 control flow tf2onnx mis-converts), a masked softmax "
-    "whose fully masked rows are NaN before tf.where zeroes them",
-    ("esm", "pretrained"): "rotary cos/sin computed at run time from an inv_freq weight",
-    ("clip_text", "signature"): "tf2onnx writes com.microsoft ops without their opset import",
-    ("keras2_sinusoid", "pretrained"): "Keras 2 model.save, the seed's sinusoid table, inputs named input_1/input_2",
+# (family, how it was saved) → (the formats exported here, what it exercises); benchmarks/hf_coverage.py exports
+# every family both ways in both formats
+BOTH, TFLITE, ONNX = ("tflite", "onnx"), ("tflite",), ("onnx",)
+MODELS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("roberta", "pretrained"): ((), "position ids from pad_token_id + 1: 66 rows serve 64 tokens (the limit test)"),
+    ("mpnet", "signature"): (BOTH, "the same offset, T5-style buckets in float64 (FlexLog without the rewrite)"),
+    ("deberta_v2", "pretrained"): (
+        BOTH,
+        "tf.cond on shapes, log buckets in float64, no absolute table (unbounded length); tf2onnx's back-to-back "
+        "reshape merge",
+    ),
+    ("deberta", "signature"): (
+        BOTH,
+        "conditions on shapes (42 Switch nodes: v1 control flow tf2onnx mis-converts), a masked softmax whose fully "
+        "masked rows are NaN before tf.where zeroes them",
+    ),
+    ("esm", "pretrained"): (BOTH, "rotary cos/sin computed at run time from an inv_freq weight"),
+    ("clip_text", "signature"): (ONNX, "tf2onnx writes com.microsoft ops without their opset import"),
+    ("keras2_sinusoid", "pretrained"): (BOTH, "Keras 2 model.save, the seed's sinusoid table, inputs input_1/input_2"),
+    ("longformer", "pretrained"): (
+        TFLITE,
+        "ids padded to its window (their vocabulary read through the Pad), lowered assertions (nested Switch/Merge "
+        "the TFLite converter refused), einsum, roll and int64 abs (Flex without the rewrites)",
+    ),
+    ("tapas", "pretrained"): (ONNX, "[batch, tokens, 7] type ids; tf2onnx failed its integer segment min"),
+    ("layoutlm", "pretrained"): (ONNX, "[batch, tokens, 4] boxes whose differences index tables: generated in order"),
 }
 EXPORTS = {"tflite": export_tflite, "onnx": export_onnx}
 ATOL = 1e-4
@@ -65,8 +77,10 @@ def _independent_error(saved_model: Path, exported: Path, runtime: str) -> float
     return max(float(np.max(np.abs(got[name] - expected[name]))) for name in expected)
 
 
-@pytest.mark.parametrize("model", list(MODELS), ids=lambda m: f"{m[0]}-{m[1]}")
-@pytest.mark.parametrize("file_format", list(EXPORTS))
+EXPORTED = [(model, file_format) for model, (formats, _) in MODELS.items() for file_format in formats]
+
+
+@pytest.mark.parametrize(("model", "file_format"), EXPORTED, ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
 def test_exports_within_tolerance_in_a_pip_runtime(
     hf_models: dict[tuple[str, str], Path],
     tmp_path: Path,
@@ -87,11 +101,12 @@ def test_exports_within_tolerance_in_a_pip_runtime(
 def test_offset_table_limit_is_measured_and_a_longer_seq_len_refused(
     hf_models: dict[tuple[str, str], Path], capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    saved_model = hf_models[("roberta", "pretrained")]
-    loaded = load_savedmodel(saved_model)
-    signature = loaded.signature(None)
-    limit = model_limit(loaded, FrozenSignature(signature, signature_input_specs(signature)))
-    assert limit is not None and (limit.rows, limit.tokens) == (ROWS + 2, ROWS)
+    for family in ("longformer", "roberta"):  # Longformer's ids reach its tables through a Pad to its window
+        saved_model = hf_models[(family, "pretrained")]
+        loaded = load_savedmodel(saved_model)
+        signature = loaded.signature(None)
+        limit = model_limit(loaded, FrozenSignature(signature, signature_input_specs(signature)))
+        assert limit is not None and (limit.rows, limit.tokens) == (ROWS + 2, ROWS), family
     refused = run_cli(capfd, "tflite", str(saved_model), "-o", str(tmp_path / "m.tflite"), "--seq-len", str(ROWS + 1))
     assert_one_line_error(refused, ExitCode.BAD_INPUT, f"{ROWS} tokens", f"--seq-len {ROWS} or less")
     assert not (tmp_path / "m.tflite").exists()
@@ -103,7 +118,7 @@ def test_offset_table_limit_is_measured_and_a_longer_seq_len_refused(
 
 LISTED = {  # family → kinds --list-tables must report (beside any other)
     "mpnet": {"learned", "relative", "relative-bucket"},
-    "deberta_v2": {"relative-bucket"},
+    "deberta_v2": {"relative", "relative-bucket"},  # rel_embeddings, though folded into its projections
     "esm": {"rotary-cos", "rotary-sin"},
     "roberta": {"learned"},
     "keras2_sinusoid": {"sinusoid-interleaved"},

@@ -86,9 +86,62 @@ def data_free(graph_def: Any, inputs: set[str]) -> set[str]:
 def has_position_arithmetic(graph_def: Any, inputs: dict[str, str]) -> bool:
     """Whether the graph decides a condition or computes an integer index in floating point from shapes alone."""
     free = data_free(graph_def, {node_name(tensor) for tensor in inputs})
-    return any(node.name in free and node.op == "Switch" for node in graph_def.node) or bool(
-        _float_to_int_casts(graph_def, free)
+    return (
+        any(node.name in free and node.op == "Switch" for node in graph_def.node)
+        or bool(_float_to_int_casts(graph_def, free))
+        or bool(assert_guards(graph_def))
     )
+
+
+# What the branches of a lowered assertion hold: the failing side the Assert and what it prints, the passing side
+# nothing but the data passed through.
+_GUARD_PASSING_OPS = {"Identity", "NoOp", "Const"}
+_GUARD_FAILING_OPS = _GUARD_PASSING_OPS | {"Assert"}
+
+
+def assert_guards(graph_def: Any) -> dict[str, bool]:
+    """The Switches of lowered assertions (``tf.debugging.assert_*``), each decided for its passing branch.
+
+    Both converters drop Assert ops, but a lowered assertion's Switch and Merge stay behind and the TFLite
+    converter refuses nested ones (Longformer: "Merge of two inputs that differ on more than one predicate").
+    Found by what the branches hold, not by name: an Assert, and nothing else but Identity, NoOp and Const on the
+    false side; only those on the true side.
+    """
+    switches: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        if node.op == "Switch":
+            switches.setdefault(_port_name(node.input[1]), []).append(node.name)
+    readers: dict[str, list[Any]] = {}
+    for node in graph_def.node:
+        for tensor in node.input:
+            readers.setdefault(tensor[1:] if tensor.startswith("^") else _port_name(tensor), []).append(node)
+    decided: dict[str, bool] = {}
+    for names in switches.values():
+        sides = [_branch_ops(names, port, readers) for port in (0, 1)]
+        if "Assert" in sides[0] and sides[0] <= _GUARD_FAILING_OPS and sides[1] <= _GUARD_PASSING_OPS:
+            decided.update({name: True for name in names})
+    return decided
+
+
+def _branch_ops(switches: list[str], port: int, readers: dict[str, list[Any]]) -> set[str]:
+    """The ops of the nodes one output port of ``switches`` reaches before a Merge."""
+    frontier = [f"{name}:{port}" for name in switches]
+    seen: set[str] = set()
+    ops: set[str] = set()
+    while frontier:
+        tensor = frontier.pop()
+        for node in readers.get(tensor, []):
+            if node.op == "Merge" or node.name in seen:
+                continue
+            seen.add(node.name)
+            ops.add(node.op)
+            # a node's every output and its control edge
+            frontier.extend([f"{node.name}:{i}" for i in range(max(1, _outputs(node)))] + [node.name])
+    return ops
+
+
+def _outputs(node: Any) -> int:
+    return 2 if node.op == "Switch" else 1
 
 
 # Length at which tables computed at run time (rotary caches from an inv_freq weight) are measured for listing.
@@ -160,7 +213,11 @@ def rewrite_position_arithmetic(
     ``limit``: the longest sequence the model takes (None: unbounded)."""
     input_nodes = {node_name(tensor) for tensor in inputs}
     evaluator = _Evaluator(graph_def, input_nodes, weights)
-    folded = 0
+    guards = assert_guards(graph_def)
+    folded = len(guards)
+    if guards:
+        graph_def = _fold_switches(graph_def, guards, outputs)
+        evaluator = _Evaluator(graph_def, input_nodes, weights)
     while True:
         free = data_free(graph_def, input_nodes)
         decided = _static_conditions(graph_def, free, evaluator, limit)

@@ -71,7 +71,7 @@ def find_tables(
         value = const_value(node)
         rows = value.reshape(-1, value.shape[-1])
         # At a fixed length the slice table[:T] is folded too: match leading rows to find the origin.
-        variable = _origin(rows, variables)
+        variable = origin(rows, variables)
         readable = variable or _scope_name(node.name, graph.consumers)
         forced = any(w in readable or w in node.name for w in wanted)
         if excluded and not forced:
@@ -79,10 +79,10 @@ def find_tables(
         if not forced and np.unique(rows[: min(len(rows), 64)]).size <= 2:
             continue  # a 0/1 mask (causal or padding), not a table of positions
         fit = fit_sinusoid(rows)
-        hybrid = node.name in hybrids or _origin(rows, hybrids) is not None
+        hybrid = node.name in hybrids or origin(rows, hybrids) is not None
         offset = None if hybrid or fit is not None or variable else _sinusoid_plus_variable(rows, variables)
         kind = _table_kind(hybrid or offset is not None, RELATIVE in roles, fit)
-        constant = node.name in original_consts or _origin(rows, original_consts) is not None
+        constant = node.name in original_consts or origin(rows, original_consts) is not None
         source = "variable" if variable else ("constant" if constant else "computed")
         info = TableInfo(node.name, readable, source, kind, tuple(value.shape), value.dtype.name, value, fit)
         info.notes.append(uses[0].reason if uses else "named by --table")
@@ -186,7 +186,7 @@ def _readable(name: str) -> str:
     return name
 
 
-def _origin(rows: np.ndarray, candidates: dict[str, Any]) -> str | None:
+def origin(rows: np.ndarray, candidates: dict[str, Any]) -> str | None:
     """The candidate whose leading rows are exactly ``rows`` ([L, d] or a folded slice of it)."""
     for name, table in _covering(rows, candidates):
         if table.dtype == rows.dtype and np.array_equal(table[: rows.shape[0]], rows):

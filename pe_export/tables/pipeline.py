@@ -329,6 +329,8 @@ def prepare_graph(
     missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
+    folded_away = [plan_table(t, TableOptions()) for t in _folded_relative_tables(graph_def, folded, variables)]
+    arithmetic_results = folded_away + arithmetic_results  # listed, and kept: the projections hold their rows
     if options.list_only:
         listed = [plan_table(t, TableOptions()) for t in tables] + arithmetic_results
         return PreparedGraph(
@@ -360,6 +362,43 @@ def prepare_graph(
         len(relatives),
         arithmetic_changes,
     )
+
+
+def _folded_relative_tables(before: Any, folded: Any, variables: dict[str, Any]) -> list[TableInfo]:
+    """Relative tables that constant folding merged into their projections, as listed (DeBERTa-v2's
+    ``rel_embeddings``: normalised, projected per head, then the scores it makes gathered by bucketed distances;
+    folded into a [heads, rows, head width] constant no longer a table). Read from the graph before folding; not
+    compressible, since no graph node holds their rows any more."""
+    from pe_export.graphdef import GraphIndex
+    from pe_export.tables.detect import origin, table_dims
+    from pe_export.tables.uses import RELATIVE, uses_of
+
+    kept = {node.name for node in folded.node}
+    graph = GraphIndex(before)
+    found = []
+    for node in before.node:
+        if node.op != "Const" or node.name in kept or node.attr["dtype"].type not in (1, 19):
+            continue
+        dims = table_dims([d.size for d in node.attr["value"].tensor.tensor_shape.dim])
+        if dims is None:
+            continue
+        uses = uses_of(graph, node.name, dims[0])
+        if not uses or {use.role for use in uses} != {RELATIVE}:
+            continue
+        value = const_value(node)
+        name = origin(value.reshape(-1, value.shape[-1]), variables)
+        info = TableInfo(
+            node.name,
+            name or node.name.split("StatefulPartitionedCall/")[-1],
+            "variable" if name else "constant",
+            "relative",
+            tuple(value.shape),
+            str(value.dtype),
+            value,
+            notes=[uses[0].reason, "folded into its projections by constant folding: kept as they hold it"],
+        )
+        found.append(info)
+    return found
 
 
 def _computed_at_run_time(graph_def: Any, inputs: dict[str, str], weights: Any, limit: int | None) -> list[TableResult]:

@@ -137,7 +137,7 @@ def index_origin(graph: GraphIndex, tensor: str) -> tuple[str, str]:
             return _source_origin(graph, node)
         if node.op == "GatherV2" and _integer_constant(graph.source(node.input[0])):
             return walk(node.input[1], depth + 1)  # an index looked up in a table of indices (frozen buckets)
-        if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose"):
+        if node.op in ("StridedSlice", "Slice", "GatherV2", "Transpose", "Pad", "PadV2"):
             return walk(node.input[0], depth + 1)
         if node.op not in _INDEX_KEEPS and node.op not in _DISTANCE_KEEPS and node.op != "Sub":
             others.append(node.op)

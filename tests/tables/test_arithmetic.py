@@ -12,7 +12,7 @@ import pytest
 
 from pe_export.graphdef import node_name
 from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs
-from pe_export.tables.arithmetic import has_position_arithmetic, rewrite_position_arithmetic
+from pe_export.tables.arithmetic import assert_guards, has_position_arithmetic, rewrite_position_arithmetic
 
 BUCKETS, MAX_DISTANCE = 16, 40
 
@@ -49,6 +49,15 @@ def _save(tmp_path: Path, kind: str) -> Path:
                 positions = tf.cast(tf.range(length), tf.float64)
                 product = tf.cast(tf.math.sqrt(positions[:, None] * positions[None, :] + 1.0), tf.int32)
                 bias = tf.gather(table, tf.minimum(product, BUCKETS - 1))
+            elif kind == "assertion":  # on the ids' values (Longformer's ids < vocabulary), then a cond on them
+                # int32 data asserts unguarded; other dtypes in a cond (an AssertGuard), as Longformer's
+                with tf.control_dependencies(
+                    [tf.debugging.assert_less(tf.cast(ids, tf.int64), tf.constant(100, tf.int64))]
+                ):
+                    x = tf.identity(x)
+                bias = tf.cond(
+                    tf.reduce_any(ids > 3), lambda: tf.gather(table, ids % BUCKETS), lambda: tf.zeros([1, 1, 4])
+                )
             else:  # a condition on shapes that is the same at every length
                 same = tf.shape(ids)[1] >= 0
                 bias = tf.cond(same, lambda: tf.gather(table, _buckets(tf, length)), lambda: tf.zeros([1, 1, 4]))
@@ -109,3 +118,21 @@ def test_what_is_not_a_function_of_distance_is_left_alone(tmp_path: Path) -> Non
     graph_def, inputs, outputs = frozen.graph()
     rewrite = rewrite_position_arithmetic(graph_def, inputs, [node_name(o) for o in outputs], frozen.weights, 32)
     assert not rewrite.changed
+
+
+def test_an_assertion_folds_to_its_passing_branch_and_a_condition_on_data_stays(tmp_path: Path) -> None:
+    """The converters drop Assert ops but keep a lowered assertion's Switch and Merge (the TFLite converter then
+    refuses Longformer's nested ones): the assertion's switches are decided for the branch that passes, found by
+    what its branches hold; the cond on the ids' values is left as it is, and the values are the same."""
+    _loaded, frozen = _frozen(_save(tmp_path, "assertion"))
+    graph_def, inputs, outputs = frozen.graph()
+    guards = assert_guards(graph_def)
+    switches = [node for node in graph_def.node if node.op == "Switch"]
+    assert guards and all(guards.values()) and len(guards) < len(switches)
+    assert has_position_arithmetic(graph_def, inputs)
+    rewrite = rewrite_position_arithmetic(graph_def, inputs, [node_name(o) for o in outputs], frozen.weights, None)
+    ops = [node.op for node in rewrite.graph_def.node]
+    assert "Assert" not in ops and ops.count("Switch") == len(switches) - len(guards) and "Merge" in ops
+    for length in (1, 3, 9):  # ids = arange % 7: no id > 3 below 5 tokens, the other branch from then on
+        expected = _run(graph_def, inputs, outputs, length)
+        np.testing.assert_array_equal(_run(rewrite.graph_def, inputs, outputs, length), expected)
