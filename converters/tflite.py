@@ -172,9 +172,9 @@ def _convert_with_rewrites(
         if not options.builtins_only:
             raise
         data, log, first_error = None, "", err
-    flex = None if data is None else set(summarize_tflite_bytes(data, loaded.path).flex_ops)
+    flex = _flex_ops(data, convert, fast, loaded.path)
     if data is None or (flex is not None and flex & REWRITABLE_FLEX_OPS):
-        graph, notes = _builtin_rewrites(source.graph()[0] if fast is None else fast)
+        graph, notes = _builtin_rewrites(source.graph()[0] if fast is None else fast, flex)
         if notes:
             try:
                 retried, retried_log = convert(allow_flex=not options.builtins_only, graph=graph)
@@ -234,37 +234,61 @@ def _speed_rewrites(graph_def: Any, rebuilt: Collection[str], fixed_shapes: bool
     return (graph_def, notes) if count else (None, [])
 
 
-def _builtin_rewrites(graph_def: Any) -> tuple[Any, list[str]]:
-    """Every rewrite that turns a Flex op into builtins, applied in turn; (graph, one note per rewrite used)."""
+def _flex_ops(data: bytes | None, convert: Callable[..., tuple[bytes, str]], graph: Any, path: Any) -> set[str] | None:
+    """The Flex ops the file needs; where --builtins-only refused it (``data`` None), those a conversion allowing
+    them needs, which say which rewrites are called for; None where that fails too."""
+    if data is None:
+        try:
+            data, _ = convert(allow_flex=True, graph=graph)
+        except ConversionError:
+            return None
+    return set(summarize_tflite_bytes(data, path).flex_ops)
+
+
+# Each rewrite that turns Flex ops into builtins, in turn: the Flex ops that call for it (empty: any), and the note
+# it leaves ({count}: how many it changed). An einsum the converter lowers by itself is left to it.
+_BUILTIN_REWRITES: list[tuple[Callable[[Any], tuple[Any, int]], set[str], str]] = [
+    (
+        new_axis_slices_to_expand_dims,
+        set(),
+        "{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as "
+        f"ExpandDims: without it they needed {SLICE_FLEX_OP}",
+    ),
+    (
+        int64_ops_through_int32,
+        set(),
+        "{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
+        f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}",
+    ),
+    (
+        int64_signs_by_comparison,
+        set(INT32_ONLY_OPS.values()),
+        "{count} other int64 Abs/Sign op(s) computed by comparisons (exact for every value): without it "
+        f"they needed {', '.join(INT32_ONLY_OPS.values())}",
+    ),
+    (
+        einsums_as_matmul,
+        {FLEX_EINSUM},
+        f"{{count}} einsum(s) of one batched matrix product converted as BATCH_MATMUL: without it {FLEX_EINSUM}",
+    ),
+    (
+        rolls_as_gathers,
+        {FLEX_ROLL},
+        f"{{count}} roll(s) by constant shifts converted as gathers of shifted positions: without it {FLEX_ROLL}",
+    ),
+]
+
+
+def _builtin_rewrites(graph_def: Any, flex: set[str] | None) -> tuple[Any, list[str]]:
+    """Every rewrite that turns a Flex op into builtins, applied in turn; (graph, one note per rewrite used).
+    ``flex``: the Flex ops the plain conversion needed (None: it failed)."""
     notes = []
-    graph_def, count = new_axis_slices_to_expand_dims(graph_def)
-    if count:
-        notes.append(
-            f"{count} axis-inserting StridedSlice op(s) (x[:, None] and the like) converted as "
-            f"ExpandDims: without it they needed {SLICE_FLEX_OP}"
-        )
-    graph_def, count = int64_ops_through_int32(graph_def)
-    if count:
-        notes.append(
-            f"{count} int64 Abs/Sign op(s) of position arithmetic computed in int32 (the values are "
-            f"bounded by the sequence length): without it they needed {', '.join(INT32_ONLY_OPS.values())}"
-        )
-    graph_def, count = int64_signs_by_comparison(graph_def)
-    if count:
-        notes.append(
-            f"{count} other int64 Abs/Sign op(s) computed by comparisons (exact for every value): without it "
-            f"they needed {', '.join(INT32_ONLY_OPS.values())}"
-        )
-    graph_def, count = einsums_as_matmul(graph_def)
-    if count:
-        notes.append(
-            f"{count} einsum(s) of one batched matrix product converted as BATCH_MATMUL: without it {FLEX_EINSUM}"
-        )
-    graph_def, count = rolls_as_gathers(graph_def)
-    if count:
-        notes.append(
-            f"{count} roll(s) by constant shifts converted as gathers of shifted positions: without it {FLEX_ROLL}"
-        )
+    for rewrite, called_for, note in _BUILTIN_REWRITES:
+        if called_for and not (flex is None or called_for & flex):
+            continue
+        graph_def, count = rewrite(graph_def)
+        if count:
+            notes.append(note.format(count=count))
     return graph_def, notes
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -277,6 +277,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             yield generate_inputs(
                 job.specs,
                 job.bounds,
+                masks=job.masks,
                 batch=VERIFY_BATCH,
                 seq_len=job.check_length,
                 seed=VERIFY_SEED + 1 + seed,
@@ -511,10 +512,10 @@ class _Job:
 
     def _parts(self) -> Parts:
         if self.options.text is None and self.options.inputs is None:
-            check = verification_feeds(self.specs, self.bounds, self.check_length)
+            check = verification_feeds(self.specs, self.bounds, self.check_length, masks=self.masks)
             if not self.decides:
                 return Parts(check, check)
-            choice = verification_feeds(self.specs, self.bounds, self.check_length, seed=CHOICE_SEED)
+            choice = verification_feeds(self.specs, self.bounds, self.check_length, seed=CHOICE_SEED, masks=self.masks)
             note = f"{self.chooser} chose on generated inputs of its own, apart from those it is judged on"
             return Parts(choice, check, note)
         given = self.user_case
@@ -562,14 +563,16 @@ class _Job:
 
             option = "--text" if path == self.options.text.text else "--holdout"
             sentences = TextInputs(path, self.options.text.tokenizer, option)
-            feed, valid = text_feed(self.specs, self.bounds, sentences, self.given or self.source, self.check_length)
+            feed, valid = text_feed(
+                self.specs, self.bounds, sentences, self.given or self.source, self.check_length, masks=self.masks
+            )
             return {case or "text": feed}, {case or "text": valid}
         from pe_export.golden import user_batches
         from pe_export.parity.bundle import read_npz
 
         arrays = read_npz(path)
         count = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
-        feed, valid = next(user_batches(path, arrays, self.specs, count, self.bounds))
+        feed, valid = next(user_batches(path, arrays, self.specs, count, self.bounds, self.masks))
         return {case or "inputs": feed}, {case or "inputs": valid}
 
     @cached_property
@@ -578,6 +581,13 @@ class _Job:
         from pe_export.savedmodel import input_bounds
 
         return input_bounds(self.frozen)
+
+    @cached_property
+    def masks(self) -> frozenset[str]:
+        """The padding-mask inputs, from how the graph uses them (pe_export/input_roles.py)."""
+        from pe_export.savedmodel import input_masks
+
+        return input_masks(self.frozen, self.bounds)
 
 
 def _prepare(file_format: str, source: ModelSource, output: Path, options: ExportOptions) -> _Job:
@@ -684,7 +694,11 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
 
 
 def verification_feeds(
-    specs: list[TensorSpec], bounds: dict[str, int], seq_len: int = VERIFY_SEQ_LEN, seed: int = VERIFY_SEED
+    specs: list[TensorSpec],
+    bounds: dict[str, int],
+    seq_len: int = VERIFY_SEQ_LEN,
+    seed: int = VERIFY_SEED,
+    masks: Collection[str] | None = None,
 ) -> Cases:
     """Two cases, full-length rows and rows padded at several lengths, with their valid positions.
 
@@ -692,7 +706,9 @@ def verification_feeds(
     """
     feeds, valid = {}, {}
     for case, padded in (("random", False), ("padded", True)):
-        feeds[case] = generate_inputs(specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=seed, padded=padded)
+        feeds[case] = generate_inputs(
+            specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=seed, padded=padded, masks=masks
+        )
         batch, length = feed_shape(feeds[case]) or (VERIFY_BATCH, seq_len)  # a fixed shape keeps its own
         valid[case] = valid_positions(batch, length, padded=padded)
     return feeds, valid

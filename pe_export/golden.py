@@ -81,6 +81,7 @@ def _make_golden(
     from pe_export.savedmodel import (
         FrozenSignature,
         input_bounds,
+        input_masks,
         load_savedmodel,
         signature_input_specs,
         signature_output_specs,
@@ -103,18 +104,19 @@ def _make_golden(
     checked = checked_length(loaded, frozen)
     seq_len = options.seq_len or fixed_length(model_specs) or _user_seq_len(user_arrays) or checked or GOLDEN_SEQ_LEN
     bounds = input_bounds(frozen)
+    masks = input_masks(frozen, bounds)
     text = None
     if options.text is not None:  # every sentence a row, padded to the longest (or the model's fixed length)
         length = options.seq_len if fixed_length(model_specs) is None else None  # --seq-len pads (or cuts) to it
-        text = text_feed(model_specs, bounds, options.text, source.given, checked, length)
+        text = text_feed(model_specs, bounds, options.text, source.given, checked, length, masks=masks)
         seq_len = text[1].shape[SEQUENCE_AXIS]
     specs = [spec.at_length(seq_len) for spec in model_specs]
     if text is not None:
         batches = _rows_in_batches(*text, options.batch)
     elif options.inputs and user_arrays is not None:
-        batches = user_batches(options.inputs, user_arrays, specs, options.batch, bounds)
+        batches = user_batches(options.inputs, user_arrays, specs, options.batch, bounds, masks)
     else:
-        batches = _generated_batches(specs, bounds, options, seq_len)
+        batches = _generated_batches(specs, bounds, options, seq_len, masks)
     output_specs = {spec.name: spec for spec in signature_output_specs(signature)}
     labels = _user_labels(options.labels, output_specs, user_arrays) if options.labels else {}
     expected = options.samples if not (options.inputs or text) else None
@@ -224,14 +226,16 @@ def _labelled(batches: Iterator[Batch], labels: dict[str, np.ndarray]) -> Iterat
 
 
 def _generated_batches(
-    specs: list[TensorSpec], bounds: dict[str, int], options: GoldenOptions, seq_len: int
+    specs: list[TensorSpec], bounds: dict[str, int], options: GoldenOptions, seq_len: int, masks: frozenset[str]
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     done = 0
     index = 0
     while done < options.samples:
         batch = min(options.batch, options.samples - done)
         padded = index % 2 == 1  # alternate full-length and padded batches
-        feed = generate_inputs(specs, bounds, batch=batch, seq_len=seq_len, seed=options.seed + index, padded=padded)
+        feed = generate_inputs(
+            specs, bounds, batch=batch, seq_len=seq_len, seed=options.seed + index, padded=padded, masks=masks
+        )
         rows, length = feed_shape(feed) or (batch, 1)
         yield feed, valid_positions(rows, length, padded=padded)
         done += batch
@@ -267,10 +271,16 @@ def _user_seq_len(arrays: dict[str, np.ndarray] | None) -> int | None:
 
 
 def user_batches(
-    path: Path, arrays: dict[str, np.ndarray], specs: list[TensorSpec], batch: int, bounds: dict[str, int]
+    path: Path,
+    arrays: dict[str, np.ndarray],
+    specs: list[TensorSpec],
+    batch: int,
+    bounds: dict[str, int],
+    masks: frozenset[str] | None = None,
 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """--inputs as batches, checked first: the model's input names, dtypes, fixed axes, and ids inside the
-    tables they index (``bounds``: input name → rows)."""
+    tables they index (``bounds``: input name → rows). A batch's valid positions are its padding mask's
+    (``masks``: as the graph says; None: by name)."""
     names = {spec.name for spec in specs}
     if set(arrays) != names:
         raise BadInputError(
@@ -299,12 +309,12 @@ def user_batches(
                 f"indexes has {bound} rows; expected ids from 0 to {bound - 1}"
             )
     total = counts.pop()
-    masks = [feed[spec.name] for spec in specs if is_mask_input(spec)]
+    given_masks = [feed[spec.name] for spec in specs if is_mask_input(spec, masks)]
     first = next(iter(feed.values()))
     for start in range(0, total, batch):
         part = {name: value[start : start + batch] for name, value in feed.items()}
-        if masks:
-            valid = masks[0][start : start + batch].astype(bool)
+        if given_masks:
+            valid = given_masks[0][start : start + batch].astype(bool)
         else:
             valid = np.ones(first[start : start + batch].shape[:2], dtype=bool)
         yield part, valid

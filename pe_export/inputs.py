@@ -6,6 +6,8 @@ padding, segment ids stay inside their table, float features are standard normal
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec, concrete_shape
@@ -15,7 +17,11 @@ MASK_WORDS = ("mask",)
 FALLBACK_INDEX_BOUND = 2
 
 
-def is_mask_input(spec: TensorSpec) -> bool:
+def is_mask_input(spec: TensorSpec, masks: Collection[str] | None = None) -> bool:
+    """Whether ``spec`` is a padding mask: one of ``masks`` where the graph was read (input_roles.py), else (a
+    file on the device side, no graph) by its name."""
+    if masks is not None:
+        return spec.name in masks
     return any(word in spec.name.lower() for word in MASK_WORDS)
 
 
@@ -41,15 +47,17 @@ def generate_inputs(
     seq_len: int,
     seed: int,
     padded: bool,
+    masks: Collection[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """One feed dict. With ``padded`` each row after the first ends in padding (id 0, mask 0)."""
+    """One feed dict. With ``padded`` each row after the first ends in padding (id 0, mask 0). ``masks``: the
+    padding masks as the graph says (None: by name)."""
     rng = np.random.default_rng(seed)
     feed: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = concrete_shape(spec, batch, seq_len)
         dtype = np.dtype(spec.dtype)
         if spec.is_integer or dtype == np.bool_:
-            if is_mask_input(spec):
+            if is_mask_input(spec, masks):
                 array = np.ones(shape, dtype=np.int64)
             else:
                 high = max(1, index_bounds.get(spec.name, FALLBACK_INDEX_BOUND))

@@ -156,6 +156,16 @@ def frozen_graph_def(concrete: Any) -> Any:
     return graph_def
 
 
+def input_masks(frozen: FrozenSignature, bounds: dict[str, int]) -> frozenset[str]:
+    """The integer or boolean inputs that are padding masks, from how the graph uses them (input_roles.py)."""
+    from pe_export.input_roles import mask_inputs
+
+    names = [s.name for s in frozen.specs if s.has_sequence and (s.is_integer or s.dtype == "bool")]
+    if not names:
+        return frozenset()
+    return mask_inputs(frozen.graph()[0], names, bounds)
+
+
 def integer_input_bounds(graph_def: Any, input_names: list[str]) -> dict[str, int]:
     """For integer inputs that index an embedding table: the table's row count (exclusive bound).
 

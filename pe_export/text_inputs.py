@@ -67,6 +67,7 @@ def text_feed(
     saved_model: Path,
     max_len: int | None,
     length: int | None = None,
+    masks: frozenset[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(feed, valid [rows, length]): every line one row, padded to the longest, or to ``length`` (a --seq-len), or
     to the model's fixed length; a longer line is cut there."""
@@ -83,7 +84,7 @@ def text_feed(
     integer = [spec for spec in specs if spec.is_integer and spec.has_sequence]
     if not integer:
         raise BadInputError("--text: the model has no integer [batch, sequence] input to take token ids")
-    tokens = max((s for s in integer if not is_mask_input(s)), key=lambda s: bounds.get(s.name, 0), default=None)
+    tokens = max((s for s in integer if not is_mask_input(s, masks)), key=lambda s: bounds.get(s.name, 0), default=None)
     if tokens is None:
         raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
     fixed = tokens.sequence_length or length
@@ -105,15 +106,33 @@ def text_feed(
     for row, sequence in enumerate(encoded):
         ids[row, : len(sequence)] = sequence
         valid[row, : len(sequence)] = True
+    return _feed(specs, tokens.name, ids, valid, bounds, masks), valid
+
+
+def _feed(
+    specs: list[TensorSpec],
+    tokens: str,
+    ids: np.ndarray,
+    valid: np.ndarray,
+    bounds: dict[str, int],
+    masks: frozenset[str] | None,
+) -> dict[str, np.ndarray]:
+    """Every input's array: the token ids, the padding masks' valid positions, segment ids of the first segment."""
     feed = {}
     for spec in specs:
-        if spec.name == tokens.name:
+        if spec.name == tokens:
             array = ids
-        elif is_mask_input(spec):
+        elif is_mask_input(spec, masks):
             array = valid.astype(np.int64)
+        elif spec.is_integer and (spec.name in bounds or masks is None):
+            # segment (type) ids: every token in the first segment; per-token extras (LayoutLM's boxes) zeros
+            array = np.zeros(ids.shape + tuple(size or 1 for size in spec.shape[2:]), ids.dtype)
         elif spec.is_integer:
-            array = np.zeros_like(ids)
+            raise BadInputError(
+                f"--text: the model's integer input {spec.name!r} indexes no table and is no padding mask its "
+                "attention reads (from its graph and its name); give every input with --inputs FILE.npz"
+            )
         else:
             raise BadInputError(f"--text: the model also takes float input {spec.name!r}; give it with --inputs")
         feed[spec.name] = array.astype(np.dtype(spec.dtype))
-    return feed, valid
+    return feed

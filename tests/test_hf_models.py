@@ -7,6 +7,7 @@ never saw (another seed, padded rows, the longest sequence the model takes).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ MODELS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("layoutlm", "pretrained"): (ONNX, "[batch, tokens, 4] boxes whose differences index tables: generated in order"),
 }
 EXPORTS = {"tflite": export_tflite, "onnx": export_onnx}
+STAMPED = ("deberta_v2", "deberta", "longformer")  # tf.cond in their graphs
 ATOL = 1e-4
 
 
@@ -61,15 +63,22 @@ def hf_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str],
     return build_in_child(list(MODELS), tmp_path_factory.mktemp("hf"))
 
 
-def _independent_error(saved_model: Path, exported: Path, runtime: str) -> float:
-    """Max abs of the file against the SavedModel on generated inputs of a seed the export never used."""
+@functools.cache
+def _independent_feed(saved_model: Path) -> dict[str, np.ndarray]:
+    """Generated inputs of a seed the export never used, padded rows, at the longest sequence the model takes."""
     loaded = load_savedmodel(saved_model)
     signature = loaded.signature(None)
     specs = signature_input_specs(signature)
     frozen = FrozenSignature(signature, specs)
     limit = model_limit(loaded, frozen)
     length = limit.tokens if limit is not None else 48
-    feed = generate_inputs(specs, input_bounds(frozen), batch=3, seq_len=length, seed=4242, padded=True)
+    return generate_inputs(specs, input_bounds(frozen), batch=3, seq_len=length, seed=4242, padded=True)
+
+
+def _independent_error(saved_model: Path, exported: Path, runtime: str) -> float:
+    """Max abs of the file against the SavedModel on _independent_feed."""
+    loaded = load_savedmodel(saved_model)
+    feed = _independent_feed(saved_model)
     with SavedModelRunner(saved_model, loaded=loaded) as reference:
         expected = reference.infer(feed)
     with create_runner(runtime, exported) as runner:
@@ -89,7 +98,9 @@ def test_exports_within_tolerance_in_a_pip_runtime(
 ) -> None:
     saved_model = hf_models[model]
     output = tmp_path / f"model.{file_format}"
-    options = ExportOptions(tables=TableOptions(compress=64))
+    # the layer map (an optional stamp) made where control flow once crashed it, left out elsewhere (CI time)
+    stamped = model[0] in STAMPED
+    options = ExportOptions(tables=TableOptions(compress=64), layer_map=stamped)
     report = EXPORTS[file_format](saved_model, output, options)
     assert report.exit_code == ExitCode.OK, report.parity.failure_message() if report.parity else report
     assert report.parity is not None and report.parity.passed  # verified here: no Flex op left unrunnable

@@ -103,7 +103,8 @@ def test_int64_abs_and_sign_by_comparison_for_every_value(op: str) -> None:
 
 
 def _flex_model(path: Path) -> Path:
-    """A dynamic-length model using all three: what a pip LiteRT could not run without the rewrites."""
+    """A dynamic-length model with a roll, an int64 abs and an einsum: what a pip LiteRT could not run without the
+    rewrites."""
     import tensorflow as tf
 
     class Model(tf.Module):
@@ -116,7 +117,9 @@ def _flex_model(path: Path) -> Path:
         )
         def serve(self, features: Any, mask: Any) -> dict[str, Any]:
             keys = tf.roll(tf.matmul(features, self.weight), shift=1, axis=1)
-            scores = tf.einsum("bld,bsd->bls", features, keys)
+            heads = tf.shape(features)[:2]
+            split = [tf.reshape(t, tf.concat([heads, [2, 4]], 0)) for t in (features, keys)]
+            scores = tf.reduce_sum(tf.einsum("blhd,bshd->blhs", *split), axis=2)  # Longformer's global keys
             keep = tf.cast(tf.math.abs(1 - mask), tf.float32)[:, None, :]
             return {"scores": scores * keep}
 
@@ -125,7 +128,7 @@ def _flex_model(path: Path) -> Path:
     return path
 
 
-def test_a_model_with_einsum_roll_and_int64_abs_exports_builtins_only(tmp_path: Path) -> None:
+def test_a_model_with_roll_and_int64_abs_exports_builtins_only(tmp_path: Path) -> None:
     from pe_export.runners.litert import LiteRTRunner
 
     saved = _flex_model(tmp_path / "saved")
@@ -133,7 +136,8 @@ def test_a_model_with_einsum_roll_and_int64_abs_exports_builtins_only(tmp_path: 
     report = export_tflite(saved, output, ExportOptions(builtins_only=True))
     assert report.exit_code == ExitCode.OK and report.summary.flex_ops == [] and report.parity is not None
     joined = " ".join(report.notes)
-    assert "einsum(s) of one batched matrix product" in joined and "roll(s) by constant shifts" in joined
+    # (this einsum the converter lowers by itself, so it is left to it; Longformer's it does not: test_hf_models)
+    assert "einsum(s)" not in joined and "roll(s) by constant shifts" in joined
     assert "int64 Abs/Sign op(s) computed by comparisons" in joined
     # independently of the export's verification: numpy's own einsum, roll and abs
     rng = np.random.default_rng(3)
@@ -143,7 +147,8 @@ def test_a_model_with_einsum_roll_and_int64_abs_exports_builtins_only(tmp_path: 
 
     weight = tf.saved_model.load(str(saved)).weight.numpy()
     keys = np.roll(features @ weight, 1, axis=1)
-    expected = np.einsum("bld,bsd->bls", features, keys) * np.abs(1 - mask)[:, None, :].astype(np.float32)
+    split = [t.reshape(2, 6, 2, 4) for t in (features, keys)]
+    expected = np.einsum("blhd,bshd->blhs", *split).sum(axis=2) * np.abs(1 - mask)[:, None, :].astype(np.float32)
     runner = LiteRTRunner(output)
     runner.activate()
     try:
