@@ -562,7 +562,7 @@ class _Job:
             from pe_export.text_inputs import TextInputs, text_feed
 
             option = "--text" if path == self.options.text.text else "--holdout"
-            sentences = TextInputs(path, self.options.text.tokenizer, option)
+            sentences = TextInputs(path, self.options.text.tokenizer, option, self.options.text.mask_inputs)
             feed, valid = text_feed(
                 self.specs, self.bounds, sentences, self.given or self.source, self.check_length, masks=self.masks
             )

@@ -46,6 +46,10 @@ from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, 
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
 VERBOSE_FLAGS = ("--verbose", "-v")
+MASK_INPUT_HELP = (
+    "With --text: this integer input is the padding mask (ones on tokens, zeros on padding), where its graph does "
+    "not show it. Repeatable."
+)
 
 
 @click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,6 +118,7 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
                 default=None,
                 help="tokenizer.json for --text (default: beside or inside the SavedModel).",
             ),
+            click.option("--mask-input", multiple=True, help=MASK_INPUT_HELP),
             click.option(
                 "--inputs",
                 type=click.Path(path_type=Path),
@@ -183,10 +188,21 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
     return decorate
 
 
+def _text_inputs(text: Path | None, tokenizer: Path | None, mask_inputs: tuple[str, ...]) -> Any:
+    """--text with its tokenizer and --mask-input names (None without --text; --mask-input alone is refused)."""
+    from pe_export.errors import BadInputError
+    from pe_export.text_inputs import TextInputs
+
+    if text is None:
+        if mask_inputs:
+            raise BadInputError(f"--mask-input {mask_inputs[0]} names a mask for --text; give --text FILE with it")
+        return None
+    return TextInputs(text, tokenizer, mask_inputs=tuple(mask_inputs))
+
+
 def _export_options(**values: Any) -> Any:
     from pe_export.converters.options import ExportOptions
     from pe_export.tables.pipeline import TableOptions
-    from pe_export.text_inputs import TextInputs
 
     return ExportOptions(
         signature=values["signature"],
@@ -205,7 +221,7 @@ def _export_options(**values: Any) -> Any:
         keep_failed=values["keep_failed"],
         min_cosine=values["min_cosine"],
         force=values.get("force", False),
-        text=None if values["text"] is None else TextInputs(values["text"], values["tokenizer"]),
+        text=_text_inputs(values["text"], values["tokenizer"], values["mask_input"]),
         inputs=values["inputs"],
         holdout=values["holdout"],
         keep_float=tuple(values["keep_float"]),
@@ -433,6 +449,7 @@ def inspect(path: Path, signature: str | None) -> int:
     default=None,
     help="tokenizer.json for --text (default: beside or inside the SavedModel).",
 )
+@click.option("--mask-input", multiple=True, help=MASK_INPUT_HELP)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--layers",
@@ -441,12 +458,18 @@ def inspect(path: Path, signature: str | None) -> int:
     "layer paths (for parity --layers).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle.")
-def golden(saved_model: Path, output: Path, text: Path | None, tokenizer: Path | None, **values: Any) -> int:
+def golden(
+    saved_model: Path,
+    output: Path,
+    text: Path | None,
+    tokenizer: Path | None,
+    mask_input: tuple[str, ...],
+    **values: Any,
+) -> int:
     """Write a golden bundle: representative inputs and SAVED_MODEL's float32 outputs."""
     from pe_export.golden import GoldenOptions, make_golden
-    from pe_export.text_inputs import TextInputs
 
-    sentences = None if text is None else TextInputs(text, tokenizer)
+    sentences = _text_inputs(text, tokenizer, mask_input)
     result = make_golden(saved_model, output, GoldenOptions(**values, text=sentences))
     layers = f", {result.layers} layers' activations ({result.layer_bytes:,} B)" if result.layers else ""
     click.echo(

@@ -28,6 +28,7 @@ class TextInputs:
     text: Path
     tokenizer: Path | None = None
     option: str = "--text"  # the option that gave ``text``, for messages (--holdout reads the same form)
+    mask_inputs: tuple[str, ...] = ()  # --mask-input: padding masks the user names, beside those the graph shows
 
     def tokenizer_path(self, saved_model: Path) -> Path:
         if self.tokenizer is not None:
@@ -84,6 +85,7 @@ def text_feed(
     integer = [spec for spec in specs if spec.is_integer and spec.has_sequence]
     if not integer:
         raise BadInputError("--text: the model has no integer [batch, sequence] input to take token ids")
+    masks = _named_masks(specs, masks, inputs.mask_inputs)
     tokens = max((s for s in integer if not is_mask_input(s, masks)), key=lambda s: bounds.get(s.name, 0), default=None)
     if tokens is None:
         raise BadInputError("--text: every integer input of the model is a mask; none takes token ids")
@@ -109,6 +111,20 @@ def text_feed(
     return _feed(specs, tokens.name, ids, valid, bounds, masks), valid
 
 
+def _named_masks(
+    specs: list[TensorSpec], masks: frozenset[str] | None, named: tuple[str, ...]
+) -> frozenset[str] | None:
+    """The graph's masks and those --mask-input names (each an integer input of the model)."""
+    integer = {spec.name for spec in specs if spec.is_integer}
+    for name in named:
+        if name not in integer:
+            raise BadInputError(
+                f"--mask-input {name}: the model has no integer input of that name; its integer inputs: "
+                f"{', '.join(sorted(integer)) or 'none'}"
+            )
+    return masks if not named else frozenset(masks or ()) | set(named)
+
+
 def _feed(
     specs: list[TensorSpec],
     tokens: str,
@@ -130,7 +146,8 @@ def _feed(
         elif spec.is_integer:
             raise BadInputError(
                 f"--text: the model's integer input {spec.name!r} indexes no table and is no padding mask its "
-                "attention reads (from its graph and its name); give every input with --inputs FILE.npz"
+                f"attention reads (from its graph and its name); pass --mask-input {spec.name} if it is the padding "
+                "mask, else give every input with --inputs FILE.npz"
             )
         else:
             raise BadInputError(f"--text: the model also takes float input {spec.name!r}; give it with --inputs")
