@@ -26,25 +26,25 @@ from tests.helpers import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.slow
 
-# (family, how it was saved) → (the formats exported here, what it exercises); benchmarks/hf_coverage.py exports
-# every family both ways in both formats
+# (family, how it was saved) → (the formats exported here: where its fix matters, for CI's budget; what it
+# exercises). benchmarks/hf_coverage.py exports every family both ways saved, in both formats.
 BOTH, TFLITE, ONNX = ("tflite", "onnx"), ("tflite",), ("onnx",)
 MODELS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("roberta", "pretrained"): ((), "position ids from pad_token_id + 1: 66 rows serve 64 tokens (the limit test)"),
-    ("mpnet", "signature"): (BOTH, "the same offset, T5-style buckets in float64 (FlexLog without the rewrite)"),
+    ("mpnet", "signature"): (TFLITE, "the same offset, T5-style buckets in float64 (FlexLog without the rewrite)"),
     ("deberta_v2", "pretrained"): (
         BOTH,
         "tf.cond on shapes, log buckets in float64, no absolute table (unbounded length); tf2onnx's back-to-back "
         "reshape merge",
     ),
     ("deberta", "signature"): (
-        BOTH,
+        ONNX,
         "conditions on shapes (42 Switch nodes: v1 control flow tf2onnx mis-converts), a masked softmax whose fully "
         "masked rows are NaN before tf.where zeroes them",
     ),
-    ("esm", "pretrained"): (BOTH, "rotary cos/sin computed at run time from an inv_freq weight"),
+    ("esm", "pretrained"): (ONNX, "rotary cos/sin from an inv_freq weight at run time; tf2onnx's reshape merge"),
     ("clip_text", "signature"): (ONNX, "tf2onnx writes com.microsoft ops without their opset import"),
-    ("keras2_sinusoid", "pretrained"): (BOTH, "Keras 2 model.save, the seed's sinusoid table, inputs input_1/input_2"),
+    ("keras2_sinusoid", "pretrained"): (TFLITE, "Keras 2 model.save, the seed's sinusoid, inputs input_1/input_2"),
     ("longformer", "pretrained"): (
         TFLITE,
         "ids padded to its window (their vocabulary read through the Pad), lowered assertions (nested Switch/Merge "

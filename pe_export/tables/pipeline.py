@@ -329,7 +329,7 @@ def prepare_graph(
     missing = [name for name in options.names if not any(name in t.name or name in t.node for t in tables)]
     if missing:
         raise BadInputError(f"--table {', '.join(missing)}: no constant or variable of that name is a 2-D table")
-    folded_away = [plan_table(t, TableOptions()) for t in _folded_relative_tables(graph_def, folded, variables)]
+    folded_away = [plan_table(t, TableOptions()) for t in _folded_relative_tables(graph_def, folded, variables, tables)]
     arithmetic_results = folded_away + arithmetic_results  # listed, and kept: the projections hold their rows
     if options.list_only:
         listed = [plan_table(t, TableOptions()) for t in tables] + arithmetic_results
@@ -364,7 +364,9 @@ def prepare_graph(
     )
 
 
-def _folded_relative_tables(before: Any, folded: Any, variables: dict[str, Any]) -> list[TableInfo]:
+def _folded_relative_tables(
+    before: Any, folded: Any, variables: dict[str, Any], found: list[TableInfo]
+) -> list[TableInfo]:
     """Relative tables that constant folding merged into their projections, as listed (DeBERTa-v2's
     ``rel_embeddings``: normalised, projected per head, then the scores it makes gathered by bucketed distances;
     folded into a [heads, rows, head width] constant no longer a table). Read from the graph before folding; not
@@ -375,6 +377,9 @@ def _folded_relative_tables(before: Any, folded: Any, variables: dict[str, Any])
 
     kept = {node.name for node in folded.node}
     graph = GraphIndex(before)
+    found_rows = [table.value.reshape(-1, table.value.shape[-1]) for table in found]
+    # a relative table found after folding (normalised, repeated: keras-hub's DeBERTa-v3) is this one already
+    relative_shapes = {tuple(table_dims(list(table.shape)) or ()) for table in found if table.kind == "relative"}
     found = []
     for node in before.node:
         if node.op != "Const" or node.name in kept or node.attr["dtype"].type not in (1, 19):
@@ -386,7 +391,10 @@ def _folded_relative_tables(before: Any, folded: Any, variables: dict[str, Any])
         if not uses or {use.role for use in uses} != {RELATIVE}:
             continue
         value = const_value(node)
-        name = origin(value.reshape(-1, value.shape[-1]), variables)
+        rows = value.reshape(-1, value.shape[-1])
+        if tuple(dims) in relative_shapes or any(_same_leading_rows(rows, other) for other in found_rows):
+            continue  # found after folding too, under another node (repeated, sliced): listed once
+        name = origin(rows, variables)
         info = TableInfo(
             node.name,
             name or node.name.split("StatefulPartitionedCall/")[-1],
@@ -399,6 +407,14 @@ def _folded_relative_tables(before: Any, folded: Any, variables: dict[str, Any])
         )
         found.append(info)
     return found
+
+
+def _same_leading_rows(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether one table's rows start the other's (the same width)."""
+    if a.shape[-1] != b.shape[-1]:
+        return False
+    rows = min(len(a), len(b))
+    return bool(np.array_equal(a[:rows], b[:rows]))
 
 
 def _computed_at_run_time(graph_def: Any, inputs: dict[str, str], weights: Any, limit: int | None) -> list[TableResult]:
