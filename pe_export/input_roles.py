@@ -18,22 +18,17 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from pe_export.graphdef import consumers_of
+from pe_export.inputs import named_as_mask
 
-MASK_WORDS = ("mask",)
 _GATHERS = {"GatherV2", "ResourceGather", "Gather", "GatherNd"}
 _SOFTMAX = {"Softmax", "LogSoftmax"}
 _SHAPE_ONLY = {"Shape", "Size", "Rank", "ShapeN"}
 _MAX_DEPTH = 64
 
 
-def named_as_mask(name: str) -> bool:
-    """The name's hint: where the graph cannot tell, an input named like a mask is taken for one."""
-    return any(word in name.lower() for word in MASK_WORDS)
-
-
-def reaches_softmax(graph_def: Any, name: str) -> bool:
-    """Whether input ``name``'s values flow into a softmax without being used as an index on the way."""
-    consumers = consumers_of(graph_def)
+def reaches_softmax(consumers: Mapping[str, list[tuple[Any, int]]], name: str) -> bool:
+    """Whether input ``name``'s values flow into a softmax without being used as an index on the way
+    (``consumers``: graphdef.consumers_of the graph)."""
     frontier, seen = [(name, 0)], {name}
     while frontier:
         current, depth = frontier.pop()
@@ -52,10 +47,11 @@ def reaches_softmax(graph_def: Any, name: str) -> bool:
 def mask_inputs(graph_def: Any, names: Collection[str], bounds: Mapping[str, int]) -> frozenset[str]:
     """The inputs among ``names`` taken as padding masks: never a table index (``bounds``), the graph's word first
     (its values reach a softmax), the name's where the graph says nothing."""
+    consumers = consumers_of(graph_def)
     masks = set()
     for name in names:
         if name in bounds:
             continue
-        if reaches_softmax(graph_def, name) or named_as_mask(name):
+        if reaches_softmax(consumers, name) or named_as_mask(name):
             masks.add(name)
     return frozenset(masks)

@@ -22,7 +22,12 @@ def is_mask_input(spec: TensorSpec, masks: Collection[str] | None = None) -> boo
     file on the device side, no graph) by its name."""
     if masks is not None:
         return spec.name in masks
-    return any(word in spec.name.lower() for word in MASK_WORDS)
+    return named_as_mask(spec.name)
+
+
+def named_as_mask(name: str) -> bool:
+    """The name's hint: an input named like a mask is taken for one where no graph says otherwise."""
+    return any(word in name.lower() for word in MASK_WORDS)
 
 
 def padded_lengths(batch: int, seq_len: int) -> np.ndarray:

@@ -136,7 +136,7 @@ def _branch_ops(switches: list[str], port: int, readers: dict[str, list[Any]]) -
             seen.add(node.name)
             ops.add(node.op)
             # a node's every output and its control edge
-            frontier.extend([f"{node.name}:{i}" for i in range(max(1, _outputs(node)))] + [node.name])
+            frontier.extend([f"{node.name}:{i}" for i in range(_outputs(node))] + [node.name])
     return ops
 
 

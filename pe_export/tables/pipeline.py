@@ -380,7 +380,7 @@ def _folded_relative_tables(
     found_rows = [table.value.reshape(-1, table.value.shape[-1]) for table in found]
     # a relative table found after folding (normalised, repeated: keras-hub's DeBERTa-v3) is this one already
     relative_shapes = {tuple(table_dims(list(table.shape)) or ()) for table in found if table.kind == "relative"}
-    found = []
+    listed = []
     for node in before.node:
         if node.op != "Const" or node.name in kept or node.attr["dtype"].type not in (1, 19):
             continue
@@ -405,8 +405,8 @@ def _folded_relative_tables(
             value,
             notes=[uses[0].reason, "folded into its projections by constant folding: kept as they hold it"],
         )
-        found.append(info)
-    return found
+        listed.append(info)
+    return listed
 
 
 def _same_leading_rows(a: np.ndarray, b: np.ndarray) -> bool:
