@@ -21,8 +21,9 @@ sys.path.insert(0, str(REPO))
 from pe_export.api import export_onnx, export_tflite, find_position_tables  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
 from pe_export.errors import PeExportError  # noqa: E402
+from pe_export.lengths import model_limit  # noqa: E402
 from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs  # noqa: E402
-from pe_export.tables.pipeline import TableOptions, model_limit  # noqa: E402
+from pe_export.tables.pipeline import TableOptions  # noqa: E402
 from tests.fixtures.hf_models import ALL, HOWS, KERAS2, build_in_child  # noqa: E402
 from tests.test_hf_models import _independent_error  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Which ONNX int8 product is fast on this device: each weight shape of an encoder timed as one MatMul in
 onnxruntime (batch 1, one thread) as float32, with a range per row (``--int8-kernel rows``, the default:
-``converters/onnx_row_int8.py``), as ``quantize_dynamic`` writes it (DynamicQuantizeLinear → MatMulInteger, which
+``pe_export/converters/onnx/row_int8.py``), as ``quantize_dynamic`` writes it (DynamicQuantizeLinear → MatMulInteger,
+which
 onnxruntime fuses into DynamicQuantizeMatMul: ``--int8-kernel matmulinteger``) and as block-wise int8
 ``MatMulNBits`` (``--int8-kernel blocks``, and what ``mixed`` moves the weights it keeps to), side by side, then
 summed over the model's weights.
@@ -26,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.onnx_block_int8 import block_int8_node, with_microsoft_domain
-from pe_export.converters.onnx_rewrites import folded_by_onnxruntime
-from pe_export.converters.onnx_row_int8 import row_int8_matmuls
+from pe_export.converters.onnx.block_int8 import block_int8_node, with_microsoft_domain
+from pe_export.converters.onnx.rewrites import folded_by_onnxruntime
+from pe_export.converters.onnx.row_int8 import row_int8_matmuls
 from pe_export.host import describe_host
 
 KERNELS = ("float32", "rows", "matmulinteger", "blocks")

@@ -1,8 +1,9 @@
 """Where the dynamic-int8 search should get each weight's cost: its per-place runs, or one layer-wise pass.
 
-The search (converters/keep_float.py) measures each place of the repeated block (query kernels,
+The search (pe_export/converters/search/keep_float.py) measures each place of the repeated block (query kernels,
 feed-forward outputs, …) by quantizing it alone and running the model on a probe of two rows: one file per place.
-A layer-wise pass (`parity --layers`, pe_export/layers) runs the all-int8 file once with its tensors kept and gives
+A layer-wise pass (`parity --layers`, pe_export/parity/layers) runs the all-int8 file once with its tensors kept and
+gives
 every layer's error growth. This prints both on all-MiniLM-L6-v2, TFLite, side by side: files run and seconds for
 the costs, and how the two rank the places (the search keeps float first where the cost is highest).
 
@@ -25,14 +26,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import pe_export.converters.tflite_int8 as tflite_int8  # noqa: E402
+import pe_export.converters.tflite.dynamic_int8 as tflite_int8  # noqa: E402
 from pe_export.api import export_tflite  # noqa: E402
-from pe_export.converters.keep_float import repeated_places  # noqa: E402
 from pe_export.converters.options import ExportOptions  # noqa: E402
+from pe_export.converters.search.keep_float import repeated_places  # noqa: E402
 from pe_export.golden import GoldenOptions, make_golden  # noqa: E402
 from pe_export.inspection.tflite_metadata import tflite_metadata  # noqa: E402
-from pe_export.layers.mapping import LAYER_MAP, LayerMap  # noqa: E402
 from pe_export.parity.harness import ParityOptions, check_parity  # noqa: E402
+from pe_export.parity.layers.mapping import LAYER_MAP, LayerMap  # noqa: E402
 from pe_export.text_inputs import TextInputs  # noqa: E402
 from tests.fixtures.pretrained import held_out_sentences, minilm  # noqa: E402
 

@@ -1,5 +1,5 @@
 """tf2onnx's graph as written beside pe-export's fused one (LayerNorms as LayerNormalization, Tensordots as one
-MatMul: converters/onnx_fusions.py), on all-MiniLM-L6-v2: nodes, bytes, the worst held-out sentence's pooled
+MatMul: pe_export/converters/onnx/fusions.py), on all-MiniLM-L6-v2: nodes, bytes, the worst held-out sentence's pooled
 cosine against float32 TensorFlow, and p50 (batch 1, one thread) timed in one process that never imports
 TensorFlow, the files taking turns so that the machine's drift falls on all of them alike.
 

@@ -14,13 +14,13 @@ from pe_export.constants import (
     CALIBRATION_SAMPLES,
     CHILD_CONVERSION_MIN_WEIGHT_BYTES,
     CHOICE_SEED,
-    DECIDING_MODES,
     HOLDOUT_EVERY,
     VERIFY_BATCH,
     VERIFY_SEED,
     VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
+from pe_export.converters.search.keep_float import ChoiceSamples
 from pe_export.errors import (
     BadInputError,
     ConversionError,
@@ -36,6 +36,7 @@ from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.result import ParityReport
 from pe_export.parity.tolerances import tolerance_for
+from pe_export.precisions import Precision
 from pe_export.provenance import (
     append_tflite_metadata,
     embed_onnx_metadata,
@@ -72,8 +73,8 @@ class ExportReport:
     # --allow-lossy: the file against the model with its compressed tables (lossy_reference.py), where the
     # parity against the model as it is failed: the loss accepted is the tables' alone
     against_lossy_tables: list[OutputMetrics] | None = None
-    layer_map: str | None = None  # what the stamped layer map covers, or why there is none (pe_export/layers)
-    # the accuracy-driven searches that chose what stays float, each with its measured ranking (keep_float.py)
+    layer_map: str | None = None  # what the stamped layer map covers, or why there is none (pe_export/parity/layers)
+    # the accuracy-driven searches that chose what stays float, each with its measured ranking (search/keep_float.py)
     searches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,7 +252,7 @@ def _judged_by_accuracy(
 
 
 def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    from pe_export.converters.tflite import convert_tflite
+    from pe_export.converters.tflite.convert import convert_tflite
     from pe_export.inspection.tflite_file import summarize_tflite_bytes
 
     early = _convert_before_loading(source, options)
@@ -293,7 +294,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
             calibration,
             quiet=quiet,
             prepared=prepared,
-            judge=job.judge_feeds if options.verify else None,
+            samples=job.choice_samples() if options.verify else None,
             preconverted=(early.data, early.log, early.float_data) if early is not None and prepared is None else None,
             float_out=float_files,
             searches=job.searches,
@@ -315,8 +316,8 @@ def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) ->
     if not (job.options.layer_map and job.options.verify):
         return {}
     from pe_export.errors import PeExportError
-    from pe_export.layers.export_map import layer_map_for
-    from pe_export.layers.mapping import LAYER_MAP
+    from pe_export.layer_map_export import layer_map_for
+    from pe_export.parity.layers.mapping import LAYER_MAP
 
     try:
         layer_map, why = layer_map_for(job, data, job.file_format, float_file)
@@ -337,20 +338,18 @@ def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) ->
 
 
 def converts_in_child(options: ExportOptions, weight_bytes: int) -> bool:
-    """Whether the TFLite file is converted in a child before this process loads the model (converters/
-    tflite_child.py): where the export keeps the SavedModel's signature as it is, the file is one conversion, and
+    """Whether the TFLite file is converted in a child before this process loads the model (pe_export/converters/
+    tflite/child.py): where the export keeps the SavedModel's signature as it is, the file is one conversion, and
     the weights are large enough for the converter's memory to matter (``CHILD_CONVERSION_MIN_WEIGHT_BYTES``)."""
-    from pe_export.converters.tflite_child import QUANTIZE_MODES
-
     tables, shapes = options.tables, (options.seq_len, options.batch)
     return weight_bytes >= CHILD_CONVERSION_MIN_WEIGHT_BYTES and not (
-        options.quantize not in QUANTIZE_MODES or tables.rewrites or shapes != (None, None) or options.dynamic_seq
+        tables.rewrites or shapes != (None, None) or options.dynamic_seq
     )
 
 
 def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     """The child's conversion where ``converts_in_child``, else None."""
-    from pe_export.converters.tflite_child import convert_in_child
+    from pe_export.converters.tflite.child import convert_in_child
 
     if not converts_in_child(options, source.weight_bytes):
         return None
@@ -358,16 +357,17 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     return convert_in_child(
         source.saved_model,
         options.signature,
-        options.quantize,
+        options.precision_spec("tflite"),
         allow_flex,
         lambda: source.digest,
         options.precision,
-        with_float=options.quantize == "dynamic-int8" and options.verify,  # int8: the float32 file only, always
+        # the float32 file beside the one its search edits (full int8's is the float32 file only, always)
+        with_float=options.precision_spec("tflite").edits_converter_file and options.verify,
     )
 
 
 def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, quiet: bool = True) -> ExportReport:
-    from pe_export.converters.onnx import convert_onnx, is_inline, model_bytes
+    from pe_export.converters.onnx.convert import convert_onnx, is_inline, model_bytes
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
     job = _prepare("onnx", source, Path(output), options)
@@ -381,7 +381,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
             quiet=quiet,
             prepared=prepared,
             # float16 measures its values and static int8 calibrates on the inputs, whether verified or not
-            judge=job.judge_feeds if options.verify or options.quantize in ("float16", "int8") else None,
+            samples=job.choice_samples() if options.verify or job.precision.calibrates else None,
             float_out=float_files if options.layer_map and options.verify else None,
             searches=job.searches,
         ),
@@ -392,7 +392,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
     if is_inline(model):
         data = model.SerializeToString()
         summary = summarize_onnx_model(model, Path(output), len(data))
-    else:  # past 2 GiB: written with external data (converters/onnx.py)
+    else:  # past 2 GiB: written with external data (pe_export/converters/onnx/convert.py)
         data, summary = model, summarize_onnx_model(model, Path(output), model_bytes(model))
     return _finish(job, data, summary, log, notes)
 
@@ -425,7 +425,7 @@ def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str
 
 def _payload_bytes(data: Any) -> int:
     """A converted file's size: its bytes, or a ModelProto past 2 GiB (written with external data)."""
-    from pe_export.converters.onnx import model_bytes
+    from pe_export.converters.onnx.convert import model_bytes
 
     return len(data) if isinstance(data, bytes) else model_bytes(data)
 
@@ -459,7 +459,7 @@ class _Job:
 
     @cached_property
     def check_length(self) -> int:
-        """Sequence length for verification and int8 calibration (see tables.pipeline.checked_length).
+        """Sequence length for verification and int8 calibration (see lengths.checked_length).
 
         Rows added by --max-len have no reference to meet; a fixed length keeps its own.
         """
@@ -473,7 +473,7 @@ class _Job:
     @cached_property
     def limit(self) -> SequenceLimit | None:
         """The longest sequence the reference takes, where a table read by position bounds it (pe_export/lengths.py)."""
-        from pe_export.tables.pipeline import model_limit
+        from pe_export.lengths import model_limit
 
         return model_limit(self.loaded, self.frozen)
 
@@ -483,21 +483,26 @@ class _Job:
         accuracy (int8), only the part its choices never saw (``parts``)."""
         return self.parts.check
 
-    def judge_feeds(self) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None], set[str]]:
-        """The choice part as the int8 search and smoothing take it: the feeds, each one's valid mask, and the
-        outputs the masks apply to."""
+    def choice_samples(self) -> ChoiceSamples:
+        """The samples the precision's choices are made on (the choice part), as its search takes them."""
         feeds, valid = self.parts.choice
-        return list(feeds.values()), [valid[case] for case in feeds], self.sequence_outputs
+        return ChoiceSamples(
+            list(feeds.values()), self.options.tolerance, [valid[case] for case in feeds], self.sequence_outputs
+        )
+
+    @property
+    def precision(self) -> Precision:
+        return self.options.precision_spec(self.file_format)
 
     @property
     def decides(self) -> bool:
         """Whether the export chooses by accuracy on the inputs (int8: smoothing, ranges, weights kept float)."""
-        return self.options.quantize in DECIDING_MODES[self.file_format]
+        return self.precision.decides
 
     @property
     def chooser(self) -> str:
         """What makes the choices, in the notes: int8, or float16's arithmetic (ONNX: which nodes stay float32)."""
-        return "float16" if self.options.quantize == "float16" else "int8"
+        return self.precision.chooser
 
     @cached_property
     def parts(self) -> Parts:
@@ -608,7 +613,8 @@ def _prepare(file_format: str, source: ModelSource, output: Path, options: Expor
         _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
     provenance = provenance_entries(source.digest, options.precision, signature_name)
     prepared = None
-    from pe_export.tables.pipeline import folds_relative_gather, model_limit, prepare_graph
+    from pe_export.lengths import model_limit
+    from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
 
     arithmetic = _has_position_arithmetic(frozen)
     limit = model_limit(loaded, frozen) if arithmetic else None
@@ -652,8 +658,9 @@ def _check_length_fits_tables(
 ) -> None:
     """--seq-len past the longest sequence a dynamic-length model takes (its position table's rows less the offset
     its positions start at): what to do instead, in one line."""
+    from pe_export.lengths import model_limit
     from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import fixed_length, model_limit
+    from pe_export.tables.pipeline import fixed_length
 
     native = FrozenSignature(signature, model_specs)
     try:
@@ -675,10 +682,11 @@ def _check_length_fits_tables(
 
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
+    from pe_export.lengths import model_limit
     from pe_export.savedmodel import FrozenSignature, load_savedmodel, signature_input_specs
     from pe_export.sources import model_source
     from pe_export.specs import any_dynamic_length
-    from pe_export.tables.pipeline import model_limit, prepare_graph
+    from pe_export.tables.pipeline import prepare_graph
 
     options.tables.validate()
     with model_source(Path(saved_model)) as source:
@@ -760,7 +768,7 @@ def external_data_name(output: Path) -> str:
 
 
 def _write_external(model: Any, staged: Path, output: Path) -> None:
-    from pe_export.converters.onnx import write_onnx
+    from pe_export.converters.onnx.convert import write_onnx
 
     write_onnx(model, staged, external_data_name(output))
 
@@ -769,7 +777,7 @@ def _publish(staged: Path, path: Path, inline: bool, *, overwrite: bool) -> None
     """The staged file at ``path``; a model with external data brings its data file first (its name follows
     the model's, so the model is pointed at it anew where the name changed)."""
     if not inline:
-        from pe_export.converters.onnx import relocate_external_data
+        from pe_export.converters.onnx.convert import relocate_external_data
 
         staged_data = staged.parent / external_data_name(staged)
         publish(staged_data, path.parent / external_data_name(path), overwrite=overwrite)

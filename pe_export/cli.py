@@ -26,10 +26,8 @@ from pe_export.constants import (
     MAX_CHECKED_POSITIONS,
     ONNX_INT8_KERNEL,
     ONNX_INT8_KERNELS,
-    ONNX_QUANTIZE_MODES,
     OUTLIER_CHANNELS,
     TABLE_DTYPES,
-    TFLITE_QUANTIZE_MODES,
 )
 from pe_export.errors import (
     EXIT_CODE_MEANINGS,
@@ -42,6 +40,8 @@ from pe_export.errors import (
 )
 from pe_export.interrupts import Terminated, interruptible, received_interruption
 from pe_export.parity.tolerances import DEFAULT_TOLERANCES
+from pe_export.precisions import all_precisions
+from pe_export.precisions import names as precision_names
 from pe_export.runtime_options import DEFAULT_GPU_PRECISION, DEFAULT_PROVIDERS, GPU_PRECISIONS
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {int(code)}  {text}" for code, text in EXIT_CODE_MEANINGS.items())
@@ -75,8 +75,8 @@ class _CompressMethods(click.Choice):
         return list(COMPRESS_METHODS)
 
 
-def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Options shared by `tflite` and `onnx`."""
+def export_options(file_format: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Options shared by `tflite` and `onnx`; --quantize's choices are ``file_format``'s precisions."""
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         options = [
@@ -92,7 +92,13 @@ def export_options(quantize_modes: Sequence[str]) -> Callable[[Callable[..., Any
             click.option("--seq-len", type=int, default=None, help="Fix the sequence axis to this length."),
             click.option("--dynamic-seq", is_flag=True, help="Make the sequence axis dynamic."),
             click.option("--batch", type=int, default=None, help="Fix the batch axis (default: keep the model's)."),
-            click.option("--quantize", type=click.Choice(list(quantize_modes)), default="none", show_default=True),
+            click.option(
+                "--quantize",
+                type=click.Choice(list(precision_names(file_format))),
+                default="none",
+                show_default=True,
+                help="; ".join(f"{p.name}: {p.summary}" for p in all_precisions(file_format)) + ".",
+            ),
             click.option("--no-verify", is_flag=True, help="Skip the parity check against TensorFlow."),
             click.option(
                 "--json",
@@ -354,7 +360,7 @@ def _print_export(report: Any, verbose: bool, json_path: Path | None = None) -> 
 
 
 @cli.command()
-@export_options(TFLITE_QUANTIZE_MODES)
+@export_options("tflite")
 @click.option("--builtins-only", is_flag=True, help="Refuse models that need select TF (Flex) ops.")
 @click.pass_context
 def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values: Any) -> int:
@@ -370,7 +376,7 @@ def tflite(ctx: click.Context, saved_model: Path, output: Path | None, **values:
 
 
 @cli.command()
-@export_options(ONNX_QUANTIZE_MODES)
+@export_options("onnx")
 @click.option("--opset", type=int, default=DEFAULT_ONNX_OPSET, show_default=True, help="ONNX opset.")
 @click.option(
     "--no-fuse",
@@ -593,7 +599,7 @@ def parity(
     if json_path:
         atomic_write_bytes(json_path, json.dumps(report.to_dict(), indent=2).encode(), overwrite=overwrite)
     if plot and report.layers is not None:
-        from pe_export.layers.render import write_layer_plot
+        from pe_export.parity.layers.render import write_layer_plot
 
         write_layer_plot(report, plot, overwrite=overwrite)
     elif plot:
@@ -601,7 +607,7 @@ def parity(
 
         write_profile_plot([(model.name, report)], plot, overwrite=overwrite)
     if model_explorer and report.layers is not None:
-        from pe_export.layers.render import write_model_explorer
+        from pe_export.parity.layers.render import write_model_explorer
 
         write_model_explorer(report, model_explorer, overwrite=overwrite)
     if not report.passed:

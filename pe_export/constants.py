@@ -4,24 +4,9 @@ from __future__ import annotations
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_ONNX_OPSET = 17
+# --quantize: the precisions and what each one is live in pe_export/precisions.py
 MIN_ONNX_OPSET = 13  # tf2onnx and onnxruntime's quantizer both need 13+
 MAX_ONNX_OPSET = 23  # the newest tf2onnx targets
-
-TFLITE_QUANTIZE_MODES = ("none", "float16", "dynamic-int8", "int8")
-# ONNX float16 computes in float16 (float32 islands where the values need it); weight-float16 stores the weights in
-# float16 and computes in float32, as TFLite's float16 does on a CPU
-# int8: static, QDQ around the MatMuls (TensorRT int8, onnxruntime QLinear kernels), calibrated on the inputs
-ONNX_QUANTIZE_MODES = ("none", "float16", "weight-float16", "dynamic-int8", "int8", "weight-int8")
-
-# Precision that each quantize mode is judged at by the parity tolerances.
-PRECISION_OF_QUANTIZE = {
-    "none": "fp32",
-    "float16": "fp16",
-    "weight-float16": "fp16",
-    "dynamic-int8": "int8",
-    "int8": "int8",
-    "weight-int8": "int8",  # weights only, float32 arithmetic: judged like int8, typically far closer
-}
 
 # Inputs generated for the post-export check when the model's own shapes are dynamic.
 VERIFY_BATCH = 2
@@ -38,28 +23,26 @@ CALIBRATION_SAMPLES = 32
 # seed, apart from the verification's.
 HOLDOUT_EVERY = 4
 CHOICE_SEED = 1000
-DECIDING_MODES = {"tflite": ("int8", "dynamic-int8"), "onnx": ("dynamic-int8", "int8", "float16")}
 # ONNX dynamic-int8: input channels per MatMul input split off the int8 product into a float one beside it
-# (converters/onnx_outliers.py), at most this many, each at least OUTLIER_RATIO times the median channel's peak.
+# (pe_export/converters/onnx/outliers.py), at most this many, each at least OUTLIER_RATIO times the median channel's
+# peak.
 # all-MiniLM-L6-v2, every weight int8, held-out worst pooled cosine by channels per input: 0 → 0.958, 1 → 0.9928,
 # 2 → 0.9968, 4 → 0.9968, 8 → 0.9973 (2: 28 channels of 18 of its 25 MatMul inputs, +114 kB of float rows).
 OUTLIER_CHANNELS = 2
-ONNX_OUTLIER_MODES = (("onnx", "dynamic-int8"), ("onnx", "int8"))
 # ONNX dynamic-int8's integer products (--int8-kernel): "rows" (the default), each row of a MatMul's input quantized
 # by its own range (its step multiplies the row's products afterwards) into onnxruntime's integer GEMM
 # (MatMulIntegerToFloat), inputs rotated by a block Hadamard where the simulation says it pays, weights rounded by
-# GPTQ (converters/onnx_row_int8.py), the weights its search keeps going float; "matmulinteger", quantize_dynamic's
+# GPTQ (pe_export/converters/onnx/row_int8.py), the weights its search keeps going float; "matmulinteger",
+# quantize_dynamic's
 # DynamicQuantizeLinear + MatMulInteger (standard ops, one activation range per tensor per call: the fastest
 # product, the least accurate), the weights its search keeps going float; "blocks", every MatMul as onnxruntime's
 # MatMulNBits (8-bit weights, activations quantized per block of 32 input channels of each row:
-# converters/onnx_block_int8.py); "mixed", matmulinteger with the weights the search keeps moved to blocks instead
+# pe_export/converters/onnx/block_int8.py); "mixed", matmulinteger with the weights the search keeps moved to blocks
+# instead
 # of float (float on top of all-blocks where that still misses).
 ONNX_INT8_KERNELS = ("rows", "mixed", "matmulinteger", "blocks")
 ONNX_INT8_KERNEL = "rows"
 MAX_OUTLIER_CHANNELS = 64
-# Of those, the modes whose keep-float search runs candidate files (--keep-float steers it): an ONNX one runs the
-# model from bytes in onnxruntime, so it stops at 2 GiB (memory.check_onnx_size)
-KEEP_FLOAT_MODES = {"tflite": ("dynamic-int8", "int8"), "onnx": ("dynamic-int8", "int8", "float16")}
 
 # `pe-export bench` defaults.
 BENCH_RUNS, BENCH_WARMUP, BENCH_BATCH, BENCH_SEQ_LEN = 100, 10, 1, 128
@@ -83,7 +66,8 @@ GOLDEN_SEQ_LEN = 16  # for dynamic-length models without a table read by positio
 # golden --layers: the reference's activations a bundle may hold, all batches together (a BERT-base bundle of 16
 # sentences at 128 tokens holds about 0.4 GB with --layers all, 25 MB with blocks).
 MAX_LAYER_BYTES = 2 << 30
-# TFLite's plain conversion runs in a child before the model is loaded (converters/tflite_child.py) from this many
+# TFLite's plain conversion runs in a child before the model is loaded (pe_export/converters/tflite/child.py) from this
+# many
 # bytes of weights: what it saves is the converter's importer's memory (3.7 GB at BERT-base), what it costs is a
 # second TensorFlow import and load (a 260 kB encoder: 10.2 s exported through the child, 5.4 s in-process).
 CHILD_CONVERSION_MIN_WEIGHT_BYTES = 32 * 2**20

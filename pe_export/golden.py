@@ -42,7 +42,7 @@ class GoldenOptions:
         check_range("--batch", self.batch, 1, MAX_BATCH)
         check_range("--seq-len", self.seq_len, 1, MAX_SEQ_LEN)
         if self.layers is not None:
-            from pe_export.layers.select import check_selection
+            from pe_export.parity.layers.select import check_selection
 
             check_selection(self.layers)
 
@@ -77,6 +77,7 @@ def make_golden(
 def _make_golden(
     source: ModelSource, output: Path, options: GoldenOptions, progress: Callable[[int, int], None] | None
 ) -> GoldenResult:
+    from pe_export.lengths import checked_length, model_limit
     from pe_export.runners.savedmodel import SavedModelRunner
     from pe_export.savedmodel import (
         FrozenSignature,
@@ -86,7 +87,6 @@ def _make_golden(
         signature_input_specs,
         signature_output_specs,
     )
-    from pe_export.tables.pipeline import checked_length, model_limit
 
     saved_model = source.saved_model
     loaded = load_savedmodel(saved_model)
@@ -147,10 +147,10 @@ def _make_golden(
 
 
 class _LayerStore:
-    """The reference's activations at its layer boundaries, added to each batch (pe_export/layers), bounded."""
+    """The reference's activations at its layer boundaries, added to each batch (pe_export/parity/layers), bounded."""
 
     def __init__(self, frozen: Any, selection: str, seq_len: int) -> None:
-        from pe_export.layers.tap import LayerTap
+        from pe_export.parity.layers.tap import LayerTap
 
         self.tap = LayerTap(frozen, selection)
         if not self.tap.layers:

@@ -10,6 +10,8 @@ import numpy as np
 
 from pe_export.native import import_tensorflow
 
+STAND_IN_ATTR = "_pe_export_stand_in"  # on a Placeholder: "this is a frozen weight, bound before conversion"
+
 # tensorflow.DataType enum values, for attributes read or written without importing TensorFlow's dtypes.
 DT_FLOAT, DT_INT32, DT_INT64, DT_BOOL, DT_HALF = 1, 3, 9, 10, 19
 
@@ -65,8 +67,6 @@ class GraphIndex:
     @cached_property
     def runtime(self) -> set[str]:
         """Nodes whose value depends on a graph input (computed at run time); a weight stand-in is no input."""
-        from pe_export.weights import STAND_IN_ATTR
-
         result: set[str] = set()
         order = _topological(self.graph_def, self.nodes)
         for node in order:

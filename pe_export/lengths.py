@@ -11,10 +11,14 @@ at shorter lengths until it runs. Verification, int8 calibration and golden bund
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pe_export.inputs import generate_inputs
 from pe_export.native import import_tensorflow
+from pe_export.specs import any_dynamic_length
+
+if TYPE_CHECKING:
+    from pe_export.tables.pipeline import PreparedGraph
 
 # Offsets tried one by one before a bisection: the field's are 0 (BERT) and 2 (RoBERTa's pad id 1, plus one).
 _NEAR_OFFSETS = 4
@@ -76,3 +80,28 @@ def _runs(frozen: Any, length: int, bounds: dict[str, int]) -> bool:
     except tf.errors.InvalidArgumentError:  # a position id past the table
         return False
     return True
+
+
+def model_limit(loaded: Any, frozen: Any) -> SequenceLimit | None:
+    """The longest sequence the reference takes where a table read by position bounds it (``sequence_limit``)."""
+    from pe_export.savedmodel import input_bounds
+    from pe_export.tables.pipeline import position_rows
+
+    if not any_dynamic_length(frozen.specs):
+        return None
+    return sequence_limit(frozen, position_rows(loaded, frozen), input_bounds(frozen))
+
+
+def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:
+    """Positions to check a dynamic-length model over: every position its tables serve (their rows less the
+    offset its position ids start at, pe_export/lengths.py), up to MAX_CHECKED_POSITIONS. None for a fixed length
+    or without such tables.
+
+    Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
+    at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
+    """
+    from pe_export.tables.pipeline import checked_positions
+
+    if not any_dynamic_length(frozen.specs):
+        return None
+    return checked_positions(model_limit(loaded, frozen), prepared)

@@ -17,16 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pe_export.constants import KEEP_FLOAT_MODES
 from pe_export.errors import BadInputError
+from pe_export.precisions import all_precisions, precision
 
 FIXED_BYTES = 1_000_000_000  # TensorFlow, the converter and a runtime loaded, before any weight
 PEAK_PER_WEIGHT_BYTE = {"tflite": 8.0, "onnx": 9.0}
 QUANTIZED_EXTRA = 1.0  # dynamic int8: the float file's conversion, once more the weights
 TFLITE_MAX_BYTES = 2**31 - 1  # flatbuffers use 32-bit signed offsets
-# The largest file a mode writes per float32 weight byte: dynamic-int8's search reads the float32 file of
-# the same graph beside its int8 one.
-TFLITE_BYTES_PER_WEIGHT_BYTE = {"none": 1.0, "float16": 0.5, "dynamic-int8": 1.0, "int8": 0.25}
 ONNX_BYTES_PER_MESSAGE = 2**31 - 2**24  # protobuf's 2 GiB, less room for metadata embedded later
 _GB = 1e9
 
@@ -57,14 +54,21 @@ def check_tflite_size(weights: int, quantize: str, *, converter_layout: bool = F
     buffers. The converter's own SavedModel conversion (``converter_layout``: plain float32 or float16, no
     rewrites) stores them after the flatbuffer by offset (TF 2.21 writes XLM-R-large's 2.24 GB that way and
     LiteRT runs it); every other path (rewritten graphs, dynamic-int8's float file) holds them inside."""
-    stored = int(weights * TFLITE_BYTES_PER_WEIGHT_BYTE.get(quantize, 1.0))
-    if stored <= TFLITE_MAX_BYTES or (converter_layout and quantize in ("none", "float16")):
+    asked = precision("tflite", quantize)
+    stored = int(weights * asked.stored_bytes_per_weight_byte)
+    if stored <= TFLITE_MAX_BYTES or (converter_layout and asked.converter_external_buffers):
         return
-    smaller = [q for q, f in TFLITE_BYTES_PER_WEIGHT_BYTE.items() if weights * f <= TFLITE_MAX_BYTES]
+    smaller = [p.name for p in all_precisions("tflite") if weights * p.stored_bytes_per_weight_byte <= TFLITE_MAX_BYTES]
     instead = f"pass --quantize {' or '.join(smaller)}, " if smaller else ""
-    what = {"none": "a float32 TFLite file", "dynamic-int8": "the float32 TFLite file dynamic-int8 converts beside"}
+    what = (
+        "a float32 TFLite file"
+        if asked.plain
+        else f"the float32 TFLite file {quantize} converts beside"
+        if asked.edits_converter_file
+        else f"a {quantize} TFLite file"
+    )
     raise BadInputError(
-        f"this model's weights come to {stored / 2**30:.2f} GiB in {what.get(quantize, f'a {quantize} TFLite file')} "
+        f"this model's weights come to {stored / 2**30:.2f} GiB in {what} "
         "and past 2 GiB pe-export writes only the converter's own float32 conversion (no --seq-len, --batch, "
         f"--dynamic-seq or table rewrites); {instead}drop those options, or export ONNX (`pe-export onnx`), which "
         "stores weights past 2 GiB as external data beside the file"
@@ -75,7 +79,7 @@ def check_onnx_size(weights: int, quantize: str) -> None:
     """Refuse, in one line, the ONNX modes that cannot go past 2 GiB: dynamic-int8's and float16's searches run
     the model from bytes in onnxruntime. Float32, weight-float16 and weight-int8 files go past it with external
     data."""
-    if quantize not in KEEP_FLOAT_MODES["onnx"] or weights <= ONNX_BYTES_PER_MESSAGE:
+    if not precision("onnx", quantize).searches or weights <= ONNX_BYTES_PER_MESSAGE:
         return
     raise BadInputError(
         f"this model's weights come to {weights / 2**30:.2f} GiB of float32 and --quantize {quantize} for ONNX "
@@ -112,8 +116,8 @@ def available_memory() -> int | None:
 
 
 def estimate(weights: int, file_format: str, quantize: str, available: int | None = None) -> MemoryEstimate:
-    plain = ("none", "float16") if file_format == "tflite" else ("none", "weight-float16")
-    factor = PEAK_PER_WEIGHT_BYTE[file_format] + (QUANTIZED_EXTRA if quantize not in plain else 0.0)
+    second_copy = precision(file_format, quantize).holds_second_copy
+    factor = PEAK_PER_WEIGHT_BYTE[file_format] + (QUANTIZED_EXTRA if second_copy else 0.0)
     needed = FIXED_BYTES + int(factor * weights)
     return MemoryEstimate(weights, needed, available_memory() if available is None else available)
 

@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.graphdef import GraphIndex, node_name
+from pe_export.graphdef import STAND_IN_ATTR, GraphIndex, node_name
 from pe_export.native import import_tensorflow
 
-STAND_IN_ATTR = "_pe_export_stand_in"  # on a Placeholder: "this is a frozen weight, bound before conversion"
 MIN_STAND_IN_BYTES = 64 * 1024  # smaller weights are frozen as Consts: their copies cost nothing worth the bind
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 

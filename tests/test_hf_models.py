@@ -17,10 +17,11 @@ from pe_export.api import export_onnx, export_tflite, find_position_tables
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from pe_export.inputs import generate_inputs
+from pe_export.lengths import model_limit
 from pe_export.runners import create_runner
 from pe_export.runners.savedmodel import SavedModelRunner
 from pe_export.savedmodel import FrozenSignature, input_bounds, load_savedmodel, signature_input_specs
-from pe_export.tables.pipeline import TableOptions, model_limit
+from pe_export.tables.pipeline import TableOptions
 from tests.fixtures.hf_models import ROWS, build_in_child
 from tests.helpers import assert_one_line_error, run_cli
 

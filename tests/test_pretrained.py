@@ -60,7 +60,7 @@ def test_tflite_precisions_and_compression_keep_the_sentences(
 ) -> None:
     fp32_cosine = fp32_tflite[1]
     # Precision and compression under test here, not the layer map: --no-layer-map spares each float16 export the
-    # float32 conversion its map is proven on (+10 s on MiniLM; the map is tested in tests/layers).
+    # float32 conversion its map is proven on (+10 s on MiniLM; the map is tested in tests/parity/layers).
     half, half_cosine, _ = export(
         capfd, minilm, "tflite", tmp_path / "fp16.tflite", "--quantize", "float16", "--no-layer-map"
     )
@@ -96,7 +96,7 @@ def int8_export(minilm: tuple[Path, Path, Path], output: Path, min_cosine: float
         text=TextInputs(sentences, tokenizer),
         holdout=held_out_sentences(),
         min_cosine=min_cosine,
-        layer_map=False,  # the search and its held-out verdict under test here, not the map (tests/layers)
+        layer_map=False,  # the search and its held-out verdict under test here, not the map (tests/parity/layers)
     )
     report = export(saved, output, options)
     pooled = min(m.pooled_cosine for m in report.parity.outputs if m.pooled_cosine is not None)
@@ -174,7 +174,7 @@ def test_tflite_int8_meets_the_accuracy_asked_for(
 
 @pytest.fixture(scope="module")
 def fp32_onnx(minilm, tmp_path_factory: pytest.TempPathFactory) -> int:
-    """Bytes of the float32 ONNX file (precision under test, not the layer map: tests/layers)."""
+    """Bytes of the float32 ONNX file (precision under test, not the layer map: tests/parity/layers)."""
     from pe_export.api import export_onnx
     from pe_export.converters.options import ExportOptions
     from pe_export.text_inputs import TextInputs
@@ -193,7 +193,7 @@ def test_onnx_float16_computes_in_float16_and_holds_on_held_out_text(
     float16's safe range there and stay float32) and is judged on HELD_OUT, which it never saw."""
     import onnx
 
-    from pe_export.converters.onnx_float16 import FLOAT16, float_tensors
+    from pe_export.converters.onnx.float16 import FLOAT16, float_tensors
     from tests.fixtures.pretrained import held_out_sentences
 
     output = tmp_path / "fp16.onnx"
@@ -211,7 +211,7 @@ def test_onnx_float16_computes_in_float16_and_holds_on_held_out_text(
 
 
 def test_onnx_int8_and_compression(minilm, fp32_onnx: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    # precision and compression under test, not the layer map (tests/layers; the MiniLM TFLite fixture keeps its map)
+    # precision and compression under test, not the layer map (tests/parity/layers; the MiniLM TFLite fixture keeps its map)
     fp32 = fp32_onnx
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64", "--no-layer-map")
     int8, _, int8_note = int8_export(minilm, tmp_path / "int8.onnx")

@@ -56,7 +56,7 @@ def test_dynamic_int8_at_0999_holds_on_sentences_it_never_saw(
 ) -> None:
     """The target met on the held-out sentences (the gate's verdict, and the same figure computed apart) and on
     sentences no export saw, at under half the float32 weights' bytes, with most products int8. ONNX's products
-    take a range per row (MatMulIntegerToFloat, ``onnx_row_int8``), the weights its search keeps float."""
+    take a range per row (MatMulIntegerToFloat, ``onnx.row_int8``), the weights its search keeps float."""
     import onnx
 
     from pe_export.memory import saved_weight_bytes

@@ -61,9 +61,9 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     once at 0.99858 — the gate's margin there is ~2e-4; benchmarks/real_weights.py measures it.)"""
     import onnx
 
-    from pe_export.converters.gptq import weight_dequantizers
-    from pe_export.converters.onnx_outliers import is_side_node
-    from pe_export.converters.onnx_static_int8 import qdq_counts
+    from pe_export.converters.onnx.gptq import weight_dequantizers
+    from pe_export.converters.onnx.outliers import is_side_node
+    from pe_export.converters.onnx.static_int8 import qdq_counts
 
     saved, tokenizer, _ = minilm
     output = tmp_path / "int8.onnx"
@@ -108,8 +108,8 @@ def test_static_int8_at_0_999_holds_on_sentences_it_never_saw_within_a_third_of_
     enough the weights that cost most go float16; GPTQ rounds the int8 ones."""
     import onnx
 
-    from pe_export.converters.gptq import weight_dequantizers
-    from pe_export.converters.onnx_outliers import is_side_node
+    from pe_export.converters.onnx.gptq import weight_dequantizers
+    from pe_export.converters.onnx.outliers import is_side_node
 
     saved, tokenizer, _ = minilm
     output = tmp_path / "int8.onnx"

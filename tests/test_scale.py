@@ -14,7 +14,7 @@ from tests.fixtures.keras_hub_models import export_random_bert
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 # benchmarks/scale.py measured 1.12x (minilm, BERT-base) and 1.14x (BERT-large): the plain conversion runs in a
-# child before the exporting process loads the model (converters/tflite_child.py).
+# child before the exporting process loads the model (pe_export/converters/tflite/child.py).
 TFLITE_PEAK_OVER_BARE = 1.25
 TFLITE_WALL_OVER_BARE = 2.0
 ONNX_PEAK_OVER_TF2ONNX = 0.5

@@ -72,7 +72,7 @@ def test_weightless_onnx_has_the_plain_path_weights_and_outputs(bert: Path) -> N
     import onnx
     from onnx import numpy_helper
 
-    from pe_export.converters.onnx import convert_onnx
+    from pe_export.converters.onnx.convert import convert_onnx
 
     results = {}
     for min_bytes in (ALL_STAND_INS, NO_STAND_INS):

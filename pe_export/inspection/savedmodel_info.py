@@ -58,7 +58,7 @@ def summarize_savedmodel(path: Path, signature: str | None = None) -> ModelSumma
 
 def _sequence_limit(loaded: LoadedSavedModel, signature: Any) -> SequenceLimit | None:
     """The longest sequence the signature takes, where a dynamic length meets a table read by position."""
+    from pe_export.lengths import model_limit
     from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import model_limit
 
     return model_limit(loaded, FrozenSignature(signature, signature_input_specs(signature)))

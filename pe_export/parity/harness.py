@@ -30,7 +30,7 @@ def check_parity(model: Path, bundle_path: Path, options: ParityOptions | None =
 
 def assert_parity(model: Path | str, golden: Path | str, **options: Any) -> ParityReport:
     """For pytest and CI: raise ParityAssertionError (an AssertionError) with the report when it fails."""
-    from pe_export.report import format_parity_report
+    from pe_export.parity.text import format_parity_report
 
     report = check_parity(Path(model), Path(golden), ParityOptions(**options))
     if not report.passed:

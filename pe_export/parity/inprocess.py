@@ -40,7 +40,7 @@ def run_check(
     tolerances, overall = _tolerances(bundle, precision, options)
     layer_map = None
     if options.layers:  # refused before any work when the file or bundle cannot say it
-        from pe_export.layers.check import layers_checkable
+        from pe_export.parity.layers.check import layers_checkable
 
         layer_map = layers_checkable(model, stamps, bundle, runtime, extra, options.bisect)
     runner = create_runner(runtime, model, **extra)
@@ -70,7 +70,7 @@ def run_check(
         runner.deactivate()
     layers = None
     if layer_map is not None:
-        from pe_export.layers.check import check_layers
+        from pe_export.parity.layers.check import check_layers
 
         layers = check_layers(model, bundle, runtime, extra, overall, layer_map, progress, options.bisect)
     return ParityReport(

@@ -73,7 +73,7 @@ class OutputMetrics:
 
 @dataclass(frozen=True)
 class LayerMetrics:
-    """One layer of the reference against the file's tensor that carries it (pe_export/layers/compare.py)."""
+    """One layer of the reference against the file's tensor that carries it (pe_export/parity/layers/compare.py)."""
 
     name: str
     tensor: str  # the file's tensor
@@ -129,7 +129,8 @@ class LayerReport:
 
 def bisection_steps(layers: int) -> int:
     """How many cut files `parity --layers` runs at most where the runtime keeps no intermediate (the last layer
-    first, then halving: pe_export/layers/check.py); the supervising process allows a heartbeat per batch of each."""
+    first, then halving: pe_export/parity/layers/check.py); the supervising process allows a heartbeat per batch of
+    each."""
     return 1 + max(layers, 1).bit_length()
 
 

@@ -48,7 +48,8 @@ STATIC_INT8_CHOICE_SHARE = 0.5
 # held out (0.999896). A quarter of the error kept back; it costs speed (docs/quantization.md, "Choice margin").
 DYNAMIC_INT8_CHOICE_SHARE = 0.75
 # Full-integer TFLite chooses int8 activations against the every-int16 file, one sample at a time: int8 must keep this
-# share of int16's margin over the target (converters/tflite_mixed.py). Measured on all-MiniLM-L6-v2 (48 varied
+# share of int16's margin over the target (pe_export/converters/tflite/mixed.py). Measured on all-MiniLM-L6-v2 (48
+# varied
 # sentences chosen on, 32 held out; every activation int16: held-out worst 0.99157, only 0.0016 over 0.99): keeping
 # half, 58 of 379 activations int8, held-out 0.99087; keeping 80%, 2 of 379, 0.99157. Its 24 later sentences
 # (benchmarks/data/varied_fresh.txt) lose alike: 0.97775 and 0.97854 on their worst, "Thanks a lot!". The margin is

@@ -13,7 +13,6 @@ import numpy as np
 
 from pe_export.errors import BadInputError, RuntimeUnavailableError
 from pe_export.registry import Registry
-from pe_export.runtime_options import resolve_providers
 from pe_export.specs import TensorSpec
 
 
@@ -54,14 +53,15 @@ class Runner(ABC):
     def describe(self) -> str:
         return self.name
 
-    # Layer-wise parity (pe_export/layers): a runner that can read a file's intermediate tensors without changing
+    # Layer-wise parity (pe_export/parity/layers): a runner that can read a file's intermediate tensors without changing
     # what the file computes says so and implements ``tapped``.
     exposes_intermediates: ClassVar[bool] = False
 
     @classmethod
     def keeps_intermediates(cls, options: dict[str, Any]) -> bool:
         """Whether the runner with ``options`` can keep a file's intermediate tensors and still compute what it
-        computes without them; where not, `parity --layers` runs files cut at a layer (pe_export/layers/check.py)."""
+        computes without them; where not, `parity --layers` runs files cut at a layer
+        (pe_export/parity/layers/check.py)."""
         return cls.exposes_intermediates
 
     def tapped(self, names: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -163,28 +163,6 @@ class RuntimeSettings(Protocol):
     def trt_int8(self) -> bool: ...
     @property
     def trt_cache(self) -> str | None: ...
-
-
-def runner_options_for(
-    runtime: str, settings: RuntimeSettings, feeds: Callable[[], list[dict[str, np.ndarray]]] | None = None
-) -> dict[str, Any]:
-    """runner_options from a command's options: each command asks the runtime the same way. ``feeds`` gives the
-    inputs the run will feed, for TensorRT's optimization profile (asked only where TensorRT builds an engine)."""
-    tensorrt = None
-    if "TensorrtExecutionProvider" in resolve_providers(settings.providers):
-        from pe_export.runners.onnxrt import TensorrtBuild, shape_profile
-
-        profile = shape_profile(feeds()) if feeds is not None else None
-        tensorrt = TensorrtBuild(settings.trt_fp16, settings.trt_int8, settings.trt_cache, profile)
-    return runner_options(
-        runtime,
-        threads=settings.threads,
-        providers=settings.providers,
-        tf32=settings.tf32,
-        gpu_precision=settings.gpu_precision,
-        cpu_fallback=settings.cpu_fallback,
-        tensorrt=tensorrt,
-    )
 
 
 def create_runner(name: str, model_path: Path, **options: Any) -> Runner:

@@ -11,7 +11,7 @@ import numpy as np
 from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_COMPRESS, MAX_SEQ_LEN, TABLE_DTYPES
 from pe_export.errors import BadInputError, check_range
 from pe_export.graphdef import const_value, node_name
-from pe_export.specs import any_dynamic_length, any_fixed_length
+from pe_export.specs import any_fixed_length
 from pe_export.tables.detect import TableInfo, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import fit_sinusoid, sinusoid_values
@@ -217,7 +217,7 @@ class PreparedGraph:
         """The GraphDef to convert for "tflite" or "onnx", with every planned table rebuilt at run time.
 
         ONNX rebuilds every row: after conversion the rebuild is made constant-only, for onnxruntime to fold
-        once at load (converters/onnx_rewrites.py rebuild_tables_at_load); rows cut to the sequence length
+        once at load (pe_export/converters/onnx/rewrites.py rebuild_tables_at_load); rows cut to the sequence length
         would keep it per call."""
         from pe_export.tables.graph import splice_rebuild
 
@@ -225,19 +225,6 @@ class PreparedGraph:
             return self.folded
         prefix_only = self.prefix_only if file_format == "tflite" else set()
         return splice_rebuild(self.folded, self.replacements, self.anchor, file_format, prefix_only)
-
-
-def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = None) -> int | None:
-    """Positions to check a dynamic-length model over: every position its tables serve (their rows less the
-    offset its position ids start at, pe_export/lengths.py), up to MAX_CHECKED_POSITIONS. None for a fixed length
-    or without such tables.
-
-    Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
-    at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
-    """
-    if not any_dynamic_length(frozen.specs):
-        return None
-    return checked_positions(model_limit(loaded, frozen), prepared)
 
 
 def checked_positions(limit: SequenceLimit | None, prepared: PreparedGraph | None = None) -> int | None:
@@ -248,18 +235,8 @@ def checked_positions(limit: SequenceLimit | None, prepared: PreparedGraph | Non
     return min(length - (limit.offset if limit else 0), MAX_CHECKED_POSITIONS)
 
 
-def model_limit(loaded: Any, frozen: Any) -> SequenceLimit | None:
-    """The longest sequence the reference takes where a table read by position bounds it (pe_export/lengths.py)."""
-    from pe_export.lengths import sequence_limit
-    from pe_export.savedmodel import input_bounds
-
-    if not any_dynamic_length(frozen.specs):
-        return None
-    return sequence_limit(frozen, position_rows(loaded, frozen), input_bounds(frozen))
-
-
 def position_rows(loaded: Any, frozen: Any) -> int | None:
-    """Rows of the tables the model reads by position, None without any (the tokens it takes: model_limit)."""
+    """Rows of the tables the model reads by position, None without any (the tokens it takes: lengths.model_limit)."""
     return prepare_graph(loaded, frozen, TableOptions(list_only=True)).position_length()
 
 

@@ -117,7 +117,7 @@ def test_onnx_that_onnxruntime_cannot_load_is_a_conversion_error() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from pe_export.converters.onnx import check_onnxruntime_loads
+    from pe_export.converters.onnx.convert import check_onnxruntime_loads
     from pe_export.errors import ConversionError
 
     # Valid for onnx.checker (the op is in a custom domain) but no kernel exists for it.

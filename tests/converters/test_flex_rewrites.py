@@ -1,4 +1,5 @@
-"""Exact rewrites of Flex ops into builtins (converters/flex_rewrites.py): einsums that are one batched matrix
+"""Exact rewrites of Flex ops into builtins (pe_export/converters/tflite/flex_rewrites.py): einsums that are one
+batched matrix
 product, rolls by constant shifts, int64 Abs and Sign. Each graph at a dynamic shape, its values checked against
 numpy's own einsum, roll, abs and sign, and a SavedModel holding all three exported with builtins only and run in
 LiteRT."""
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 
 from pe_export.api import export_tflite
-from pe_export.converters.flex_rewrites import einsums_as_matmul, int64_signs_by_comparison, rolls_as_gathers
 from pe_export.converters.options import ExportOptions
+from pe_export.converters.tflite.flex_rewrites import einsums_as_matmul, int64_signs_by_comparison, rolls_as_gathers
 from pe_export.errors import ExitCode
 
 # (equation, operand shapes with None where dynamic, rewritten)

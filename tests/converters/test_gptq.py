@@ -1,4 +1,5 @@
-"""GPTQ's rounding (converters/gptq.py): the nearest rounding where activations are uncorrelated, a smaller product
+"""GPTQ's rounding (pe_export/converters/onnx/gptq.py): the nearest rounding where activations are uncorrelated, a
+smaller product
 error than it where they are correlated (on activations it did not see too), and in a QDQ file only the int8 values
 change, with onnxruntime's product closer to the float one."""
 
@@ -8,9 +9,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from pe_export.converters.gptq import LEVEL, gptq_round, hessians, matmul_gptq, weight_dequantizers
-from pe_export.converters.onnx_quantize import _run
-from pe_export.converters.onnx_static_int8 import qdq_model
+from pe_export.converters.onnx.gptq import LEVEL, gptq_round, hessians, matmul_gptq, weight_dequantizers
+from pe_export.converters.onnx.quantize import _run
+from pe_export.converters.onnx.static_int8 import qdq_model
 from tests.helpers import matmul_model
 
 

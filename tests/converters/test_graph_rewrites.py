@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pe_export.api import export_tflite
-from pe_export.converters.graph_rewrites import new_axis_slices_to_expand_dims
 from pe_export.converters.options import ExportOptions
+from pe_export.converters.tflite.graph_rewrites import new_axis_slices_to_expand_dims
 from pe_export.errors import ExitCode
 from pe_export.tables.pipeline import TableOptions
 
@@ -111,7 +111,7 @@ def _length(x: Any) -> Any:
 
 @pytest.mark.parametrize(("spelling", "function", "expected"), TABLE_SLICES, ids=[s[0] for s in TABLE_SLICES])
 def test_prefix_slice_of_a_constant_becomes_slice(spelling: str, function: Callable[[Any], Any], expected: int) -> None:
-    from pe_export.converters.graph_rewrites import prefix_slices_to_slice
+    from pe_export.converters.tflite.graph_rewrites import prefix_slices_to_slice
 
     graph_def, feed, fetch = frozen_graph(function)
     rewritten, count = prefix_slices_to_slice(graph_def)
@@ -160,7 +160,7 @@ SHRINKING: list[tuple[str, Callable[[Any], Any], int]] = [
 def test_a_slice_that_drops_an_axis_keeps_it_and_squeezes(
     spelling: str, function: Callable[[Any], Any], expected: int
 ) -> None:
-    from pe_export.converters.graph_rewrites import shrinking_slices_as_squeeze
+    from pe_export.converters.tflite.graph_rewrites import shrinking_slices_as_squeeze
 
     graph_def, feed, fetch = frozen_graph(function)
     rewritten, count = shrinking_slices_as_squeeze(graph_def)
@@ -219,7 +219,7 @@ def test_a_lookup_by_a_matrix_of_ids_reads_flat_ids_as_rows_of_one_batch(
 ) -> None:
     import tensorflow as tf
 
-    from pe_export.converters.graph_rewrites import flat_lookups
+    from pe_export.converters.tflite.graph_rewrites import flat_lookups
     from pe_export.savedmodel import frozen_function
 
     table = tf.constant(np.random.default_rng(1).normal(size=(7, 3)).astype(np.float32))

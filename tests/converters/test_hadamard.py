@@ -1,4 +1,5 @@
-"""Block Hadamard rotation (``converters/hadamard.py``): an identity in float, a smaller int8 range for an outlier
+"""Block Hadamard rotation (``pe_export/converters/search/hadamard.py``): an identity in float, a smaller int8 range
+for an outlier
 channel, chosen only where the simulation says it beats smoothing."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pe_export.converters.hadamard import (
+from pe_export.converters.search.hadamard import (
     ROTATION_BLOCK,
     ROTATION_GAIN,
     choose_rotations,
@@ -15,7 +16,7 @@ from pe_export.converters.hadamard import (
     rotated_rows,
     rotated_weight,
 )
-from pe_export.converters.smoothing import Activations, best_scale, range_quantized
+from pe_export.converters.search.smoothing import Activations, best_scale, range_quantized
 
 
 def _per_row(x: np.ndarray) -> np.ndarray:

@@ -13,8 +13,8 @@ import onnx
 import pytest
 
 from pe_export.api import export_onnx, export_tflite
-from pe_export.converters.keep_float import repeated_places, resolve_asked
 from pe_export.converters.options import ExportOptions
+from pe_export.converters.search.keep_float import repeated_places, resolve_asked
 from pe_export.errors import BadInputError, ExitCode, ParityError
 from tests.fixtures.keras_hub_models import export_random_bert
 from tests.helpers import assert_judged_on_the_held_out_part, chosen_cosine, stricter_target
@@ -130,7 +130,7 @@ def test_the_probe_grows_by_the_rows_a_verdict_fails_on_and_the_count_is_the_few
     that passes every row alone (checked against every count)."""
     import numpy as np
 
-    from pe_export.converters.keep_float import Judging, keep_float_to_target
+    from pe_export.converters.search.keep_float import Judging, keep_float_to_target
     from pe_export.parity.tolerances import Tolerance
 
     rng = np.random.default_rng(0)
@@ -203,7 +203,7 @@ def _tflite_float_weights(path: Path) -> list[str]:
 
 
 def _first_quantizable_onnx_node(encoder: Path, tmp_path: Path) -> str:
-    from pe_export.converters.onnx_quantize import int8_ready, quantizable_nodes
+    from pe_export.converters.onnx.quantize import int8_ready, quantizable_nodes
 
     export_onnx(encoder, tmp_path / "fp32.onnx", ExportOptions(verify=False))
     import onnx

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 
-from pe_export.converters.onnx_block_int8 import BLOCK, LEVELS, block_int8_matmuls, block_int8_weight, dequantized
-from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run
+from pe_export.converters.onnx.block_int8 import BLOCK, LEVELS, block_int8_matmuls, block_int8_weight, dequantized
+from pe_export.converters.onnx.quantize import QuantizedVariants, _quantize, _run
 from tests.helpers import matmul_model
 
 K, N = 72, 24  # K not a multiple of the block: the last block is padded

@@ -29,7 +29,7 @@ def test_model_past_the_limit_is_written_with_external_data(
     model = saved_model("encoder_dynamic")
     (tmp_path / "inline").mkdir()
     assert export_onnx(model, tmp_path / "inline" / "m.onnx", ExportOptions()).exit_code == ExitCode.OK
-    monkeypatch.setattr("pe_export.converters.onnx.INLINE_LIMIT", 20_000)
+    monkeypatch.setattr("pe_export.converters.onnx.convert.INLINE_LIMIT", 20_000)
     folder = tmp_path / "external"
     folder.mkdir()
     report = export_onnx(model, folder / "m.onnx", ExportOptions())
@@ -47,7 +47,7 @@ def test_external_data_follows_a_renamed_model(saved_model, tmp_path: Path, monk
     import onnxruntime as ort
 
     from pe_export.api import _publish
-    from pe_export.converters.onnx import write_onnx
+    from pe_export.converters.onnx.convert import write_onnx
     from pe_export.fileio import staged_in_folder
 
     source = tmp_path / "plain.onnx"

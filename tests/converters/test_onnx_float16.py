@@ -1,4 +1,5 @@
-"""ONNX float16 arithmetic (converters/onnx_float16.py): which nodes compute in float16 is decided by the op and by the
+"""ONNX float16 arithmetic (pe_export/converters/onnx/float16.py): which nodes compute in float16 is decided by the op
+and by the
 values measured on the inputs, the casts sit where the precision changes, and the file is valid, runs in
 onnxruntime, and computes what float16 arithmetic computes."""
 
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pe_export.converters.onnx_float16 import (
+from pe_export.converters.onnx.float16 import (
     FLOAT16,
     FLOAT16_SAFE_MAX,
     captured_peaks,
@@ -20,6 +21,7 @@ from pe_export.converters.onnx_float16 import (
     plan_float16,
     to_float16,
 )
+from pe_export.converters.search.keep_float import ChoiceSamples
 from tests.helpers import onnx_model
 
 onnx = pytest.importorskip("onnx")
@@ -174,7 +176,7 @@ def scaling_graph() -> Any:
 
 
 def test_the_search_keeps_float32_the_node_float16_loses() -> None:
-    from pe_export.converters.onnx_float16 import float16_to_target
+    from pe_export.converters.onnx.float16 import float16_to_target
     from pe_export.parity.tolerances import Tolerance
 
     tolerance = Tolerance(atol=1e-6, rtol=1e-4, min_cosine=0.9999999)
@@ -183,7 +185,7 @@ def test_the_search_keeps_float32_the_node_float16_loses() -> None:
     half = ort.InferenceSession(everything.SerializeToString(), providers=["CPUExecutionProvider"])
     loss = max(float(np.abs(half.run(["y"], f)[0] - 2 * f["x"]).max() / np.abs(2 * f["x"]).max()) for f in FEEDS)
     assert loss > 2e-4  # all of it in float16 misses the target: what the search is for
-    model, notes = float16_to_target(graph, FEEDS, tolerance)
+    model, notes = float16_to_target(graph, ChoiceSamples(FEEDS, tolerance))
     kept = re.search(r"float16: (\d) of 3 float nodes kept in float32, .*which meets the target", notes[0])
     assert kept and int(kept[1]) < 3, notes
     types = float_tensors(model)
@@ -197,10 +199,10 @@ def test_the_search_keeps_float32_the_node_float16_loses() -> None:
 
 
 def test_a_target_only_float32_meets_is_refused_and_nothing_is_made() -> None:
-    from pe_export.converters.onnx_float16 import float16_to_target
+    from pe_export.converters.onnx.float16 import float16_to_target
     from pe_export.errors import ParityError
     from pe_export.parity.tolerances import Tolerance
 
     # every node's constant is one float16 rounds (2.1 too): only all of them in float32 meets 1e-7
     with pytest.raises(ParityError, match="float16: no file with a float16 node meets the target"):
-        float16_to_target(small_graph(2.1), FEEDS, Tolerance(atol=1e-7, rtol=0.0, min_cosine=0.99999999))
+        float16_to_target(small_graph(2.1), ChoiceSamples(FEEDS, Tolerance(atol=1e-7, rtol=0.0, min_cosine=0.99999999)))

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.api import export_onnx
-from pe_export.converters.onnx_fusions import fuse_for_runtime
+from pe_export.converters.onnx.fusions import fuse_for_runtime
 from pe_export.converters.options import ExportOptions
 from pe_export.encoders.tiny import VOCAB
 from pe_export.errors import ExitCode

@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from pe_export.converters.onnx_outliers import add_outlier_paths, is_side_node
-from pe_export.converters.onnx_quantize import _quantize, _run, quantizable_nodes
-from pe_export.converters.smoothing import outlier_channels
+from pe_export.converters.onnx.outliers import add_outlier_paths, is_side_node
+from pe_export.converters.onnx.quantize import _quantize, _run, quantizable_nodes
+from pe_export.converters.search.smoothing import outlier_channels
 from tests.helpers import SATURATES, int8_kernel_saturates, matmul_model
 
 

@@ -51,7 +51,7 @@ def test_weight_only_int8_shrinks_the_file_and_keeps_float_arithmetic(saved_mode
     import onnx
     from onnx import numpy_helper
 
-    from pe_export.converters.onnx_weight_int8 import weight_only_int8
+    from pe_export.converters.onnx.weight_int8 import weight_only_int8
 
     model = saved_model("encoder_dynamic")
     plain = export_onnx(model, tmp_path / "fp32.onnx", ExportOptions())
@@ -118,7 +118,7 @@ def test_variants_from_one_quantization_equal_the_quantizers_own(saved_model, tm
     import numpy as np
     import onnx
 
-    from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
+    from pe_export.converters.onnx.quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
 
     export_onnx(saved_model("encoder_dynamic"), tmp_path / "fp32.onnx", ExportOptions())
     prepared, _ = int8_ready(onnx.load(str(tmp_path / "fp32.onnx")))
@@ -150,7 +150,7 @@ def test_nodes_that_share_a_name_are_kept_float_apart() -> None:
     one only (onnxruntime runs the variant)."""
     import numpy as np
 
-    from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
+    from pe_export.converters.onnx.quantize import QuantizedVariants, _quantize, _run, int8_ready, quantizable_nodes
     from tests.converters.test_onnx_smooth import outlier_model
 
     model = outlier_model()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from pe_export.converters.onnx_ranks import tensor_ranks
+from pe_export.converters.onnx.ranks import tensor_ranks
 from tests.helpers import onnx_model
 
 

@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pe_export.api import export_onnx
-from pe_export.converters.onnx_rewrites import drop_unread_initializers, fold_shapes_of_initializers, gemms_to_matmuls
+from pe_export.converters.onnx.rewrites import drop_unread_initializers, fold_shapes_of_initializers, gemms_to_matmuls
 from pe_export.converters.options import ExportOptions
 from pe_export.errors import ExitCode
 from tests.helpers import onnx_model
@@ -68,7 +68,7 @@ def test_exported_encoder_keeps_no_weight_for_its_shape_alone(saved_model, tmp_p
     report = export_onnx(saved_model("encoder_dynamic"), tmp_path / "m.onnx", ExportOptions())
     assert report.exit_code == ExitCode.OK and report.parity is not None and report.parity.passed
     assert len(report.notes) == 2 and "kept only for their shape dropped" in report.notes[0]
-    assert "LayerNormalization" in report.notes[1]  # the other clean-up: converters/onnx_fusions.py
+    assert "LayerNormalization" in report.notes[1]  # the other clean-up: pe_export/converters/onnx/fusions.py
     model = onnx.load(str(tmp_path / "m.onnx"))
     initializers = {init.name for init in model.graph.initializer}
     readers: dict[str, set[str]] = {}

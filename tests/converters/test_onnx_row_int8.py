@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pe_export.converters.onnx_quantize import QuantizedVariants, _quantize, _run
-from pe_export.converters.onnx_row_int8 import LEVELS, row_int8_matmuls, row_quantized
-from pe_export.converters.smoothing import per_channel_int8
+from pe_export.converters.onnx.quantize import QuantizedVariants, _quantize, _run
+from pe_export.converters.onnx.row_int8 import LEVELS, row_int8_matmuls, row_quantized
+from pe_export.converters.search.smoothing import per_channel_int8
 from tests.helpers import SATURATES, int8_kernel_saturates, matmul_model, onnx_model
 
 K, N = 72, 24

@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pe_export.converters.onnx_quantize import _quantize, _run
-from pe_export.converters.onnx_row_int8 import row_quantized
-from pe_export.converters.onnx_smooth import smooth_activations
+from pe_export.converters.onnx.quantize import _quantize, _run
+from pe_export.converters.onnx.row_int8 import row_quantized
+from pe_export.converters.onnx.smooth import smooth_activations
 from tests.helpers import SATURATES, int8_kernel_saturates, onnx_model, outlier_feeds
 
 

@@ -10,9 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pe_export.converters.gptq import weight_dequantizers
-from pe_export.converters.onnx_quantize import _run
-from pe_export.converters.onnx_static_int8 import (
+from pe_export.converters.onnx.gptq import weight_dequantizers
+from pe_export.converters.onnx.quantize import _run
+from pe_export.converters.onnx.static_int8 import (
     calibrate,
     matmul_activations,
     plan_static_int8,
@@ -22,6 +22,7 @@ from pe_export.converters.onnx_static_int8 import (
     static_candidates,
     static_int8_to_target,
 )
+from pe_export.converters.search.keep_float import ChoiceSamples
 from pe_export.parity.tolerances import STATIC_INT8_CHOICE_SHARE, Tolerance
 from tests.helpers import matmul_model, onnx_model, outlier_feeds
 
@@ -151,16 +152,16 @@ def test_kept_nodes_run_float_with_their_weights_in_float16() -> None:
 def test_the_search_meets_a_target_all_int8_misses_and_says_what_it_chose() -> None:
     model, given = attention_like(), feeds(4)
     by_cosine = Tolerance(atol=1e9, rtol=1e9, min_cosine=0.5)  # judged by direction only
-    loose = static_int8_to_target(model, given, by_cosine, outliers_per_input=0)
+    loose = static_int8_to_target(model, ChoiceSamples(given, by_cosine), outliers_per_input=0)
     worst = loose.cosine
     assert 0.9 < worst < 0.99999, worst  # all-int8 is close, not exact, on these outlier activations
-    asked = static_int8_to_target(model, given, by_cosine, keep=("out",), outliers_per_input=0)
+    asked = static_int8_to_target(model, ChoiceSamples(given, by_cosine), keep=("out",), outliers_per_input=0)
     assert asked.kept_float == ["out"] and qdq_counts(asked.model)["MatMul int8"] == 3
     assert asked.cosine > worst  # what the last product's int8 cost
     # A target all-int8 misses: the search moves activations to float (weight-only int8, no byte more) until the
     # file meets the target with the margin static int8 chooses against; every weight stays int8.
     target = Tolerance(atol=1e9, rtol=1e9, min_cosine=asked.cosine)
-    strict = static_int8_to_target(model, given, target, outliers_per_input=0)
+    strict = static_int8_to_target(model, ChoiceSamples(given, target), outliers_per_input=0)
     choosing = target.with_cosine_error(STATIC_INT8_CHOICE_SHARE)
     assert strict.passed and strict.cosine >= choosing.min_cosine > target.min_cosine
     assert 1 <= len(strict.kept_float) and not strict.before and strict.float_bytes == 0
@@ -180,12 +181,12 @@ def test_where_every_activation_float_misses_weights_go_float16_first() -> None:
     float16 (a search of their own, reported first), then the activations the rest allows go back to int8."""
     model, given = attention_like(), feeds(4)
     by_cosine = Tolerance(atol=1e9, rtol=1e9, min_cosine=0.5)
-    plan = plan_static_int8(model, given, by_cosine, outliers_per_input=0)
+    plan = plan_static_int8(model, ChoiceSamples(given, by_cosine), outliers_per_input=0)
     worst = plan.worst_cosine(plan.build([], plan.products), by_cosine)  # every activation float
     assert worst < 1.0 - 1e-7, worst  # int8 weights cost something even with float activations
     # between that and float: chosen against 1 - (1 - target)/2, which lies above every-activation-float's
     target = Tolerance(atol=1e9, rtol=1e9, min_cosine=1.0 - (1.0 - worst) * 1.9)
-    outcome = static_int8_to_target(model, given, target, outliers_per_input=0)
+    outcome = static_int8_to_target(model, ChoiceSamples(given, target), outliers_per_input=0)
     assert outcome.passed and len(outcome.before) == 1
     float16 = outcome.before[0]
     assert 1 <= len(float16.kept_float) <= 2 and set(float16.kept_float) <= {"project", "out"}

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pe_export.converters.onnx_quantize import _run
-from pe_export.converters.onnx_table_int8 import rowwise_int8_tables, table_lookups
+from pe_export.converters.onnx.quantize import _run
+from pe_export.converters.onnx.table_int8 import rowwise_int8_tables, table_lookups
 from tests.helpers import onnx_model
 
 

@@ -1,11 +1,12 @@
-"""SmoothQuant's scales (converters/smoothing.py) on activations with a channel that calibration never saw
+"""SmoothQuant's scales (pe_export/converters/search/smoothing.py) on activations with a channel that calibration never
+saw
 active: the scale must leave that channel's weights as they are, or int8 loses them where it wakes."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pe_export.converters.smoothing import migration_scale, per_channel_int8
+from pe_export.converters.search.smoothing import migration_scale, per_channel_int8
 
 
 def test_a_channel_dead_in_calibration_keeps_its_weight_row() -> None:

@@ -1,4 +1,5 @@
-"""The same SavedModel exports to the same ONNX file, byte for byte, in every process (converters/tf2onnx_order.py,
+"""The same SavedModel exports to the same ONNX file, byte for byte, in every process
+(pe_export/converters/onnx/tf2onnx_order.py,
 stable_capture_names in pe_export/weights.py). A keras-hub BERT of 2 layers has what made tf2onnx's output change
 between runs: per-layer attention-mask chains that duplicate merging folds into one, and Einsum decompositions
 (without the fixes, three processes wrote three different files)."""
@@ -50,7 +51,7 @@ def test_the_patches_last_only_for_the_conversion() -> None:
     from tf2onnx.graph import Graph
     from tf2onnx.optimizer import einsum_optimizer
 
-    from pe_export.converters.tf2onnx_order import repeatable_conversion
+    from pe_export.converters.onnx.tf2onnx_order import repeatable_conversion
 
     before = Graph.extract_sub_graph_nodes
     utils.INTERNAL_NAME = max(utils.INTERNAL_NAME, 5000)

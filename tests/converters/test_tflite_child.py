@@ -1,4 +1,5 @@
-"""The plain conversion in a child before the exporting process loads the model (converters/tflite_child.py), for
+"""The plain conversion in a child before the exporting process loads the model (pe_export/converters/tflite/child.py),
+for
 full integer: the child converts the float32 file only, and the export quantizes that file, converting nothing
 itself; the file still meets the int8 gate. Run on a tiny keras-hub BERT with the size threshold lowered, as a
 model of 32 MiB and more takes it."""
@@ -29,7 +30,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_child_converts_full_integers_float_file_only(saved: Path) -> None:
     from ai_edge_litert.interpreter import Interpreter
 
-    from pe_export.converters.tflite_child import convert_in_child
+    from pe_export.converters.tflite.child import convert_in_child
     from pe_export.native import import_tensorflow
 
     child = convert_in_child(saved, None, "int8", True, lambda: "0" * 64, "int8")
@@ -48,8 +49,8 @@ def test_a_full_integer_export_quantizes_the_childs_float_file(
     saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pe_export.api as api
-    import pe_export.converters.tflite as tflite
-    import pe_export.converters.tflite_child as tflite_child
+    import pe_export.converters.tflite.child as tflite_child
+    import pe_export.converters.tflite.convert as tflite
 
     children: list[Any] = []
     in_process: list[str] = []

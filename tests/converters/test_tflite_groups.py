@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pe_export.converters.search.keep_float import ChoiceSamples
 from pe_export.parity.tolerances import Tolerance
 from tests.helpers import float_and_dynamic_range
 
@@ -20,7 +21,7 @@ WIDTH, OUTPUTS, SIDE = 192, 96, 32  # x: 4 groups of 48 input channels; relu(x·
     ("inputs", "groups"), [(384, 8), (1536, 32), (768, 16), (1024, 16), (100, 2), (96, 2), (64, 1), (48, 1)]
 )
 def test_group_count_takes_the_narrowest_equal_width_of_48_or_more(inputs: int, groups: int) -> None:
-    from pe_export.converters.tflite_groups import group_count
+    from pe_export.converters.tflite.groups import group_count
 
     assert group_count(inputs) == groups
 
@@ -58,7 +59,7 @@ def group_feeds(seed: int) -> list[dict[str, np.ndarray]]:
 
 
 def run(data: bytes, feeds: list[dict[str, np.ndarray]], folder: Path) -> list[dict[str, np.ndarray]]:
-    from pe_export.converters.tflite_int8 import run_candidates
+    from pe_export.converters.tflite.dynamic_int8 import run_candidates
 
     return run_candidates(data, feeds, folder)
 
@@ -70,7 +71,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def emulated(x: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray:
     """x·Wᵀ as the grouped file computes it, in numpy: per group, the rows int8 over each row's range (asymmetric,
     255 levels) and the weight's columns int8 symmetric with a step per output channel."""
-    from pe_export.converters.smoothing import per_channel_int8, range_quantized
+    from pe_export.converters.search.smoothing import per_channel_int8, range_quantized
 
     width = x.shape[1] // groups
     total = np.zeros((x.shape[0], weight.shape[0]), np.float64)
@@ -83,7 +84,7 @@ def emulated(x: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray:
 def test_a_grouped_fc_computes_the_emulated_groups_at_int8_bytes(wide_files: tuple[bytes, bytes], tmp_path: Path):
     from ai_edge_litert.interpreter import Interpreter
 
-    from pe_export.converters.tflite_int8 import DynamicRangeFile
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile
 
     float_file, quantized = wide_files
     edited = DynamicRangeFile(quantized, float_file)
@@ -121,7 +122,7 @@ def by_cosine(min_cosine: float) -> Tolerance:
 
 def worst_cosine(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarray]]) -> float:
     """The search's own score (``feed_score``), each row alone as it judges a dynamic batch, worst of all."""
-    from pe_export.converters.keep_float import feed_score
+    from pe_export.converters.search.keep_float import feed_score
 
     return min(
         feed_score({k: v[i : i + 1] for k, v in g.items()}, {k: v[i : i + 1] for k, v in w.items()}, None, by_cosine(0),
@@ -134,7 +135,7 @@ def worst_cosine(got: list[dict[str, np.ndarray]], want: list[dict[str, np.ndarr
 def search_start(wide_files: tuple[bytes, bytes], tmp_path: Path) -> tuple[list, list, list, Any]:
     """(feeds, masks, the float file's outputs, the edited file) the search starts from, smoothed as it smooths
     it: built with nothing kept it is every weight int8, with ``groupable()`` grouped the wide FC in groups."""
-    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile, _captured
 
     float_file, quantized = wide_files
     feeds = group_feeds(5)
@@ -148,8 +149,8 @@ def search_start(wide_files: tuple[bytes, bytes], tmp_path: Path) -> tuple[list,
 def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes, bytes], tmp_path: Path) -> None:
     """A target that every weight int8 misses and groups meet: the wide FC goes to groups, nothing float; a target
     groups miss too: weights kept float in the file with every other FC grouped, and the note says so."""
-    from pe_export.converters.tflite_groups import ESCALATED_TO
-    from pe_export.converters.tflite_int8 import int8_to_target
+    from pe_export.converters.tflite.dynamic_int8 import int8_to_target
+    from pe_export.converters.tflite.groups import ESCALATED_TO
 
     float_file, quantized = wide_files
     feeds, masks, reference, edited = search_start(wide_files, tmp_path)
@@ -160,7 +161,7 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     assert 1 - grouped < 0.5 * (1 - int8)
 
     between = (int8 + grouped) / 2
-    outcome = int8_to_target(quantized, float_file, feeds, masks, by_cosine(between), choice_share=1.0)
+    outcome = int8_to_target(quantized, float_file, ChoiceSamples(feeds, by_cosine(between), masks), choice_share=1.0)
     kept = outcome.kept_float
     assert outcome.passed and outcome.cosine >= between and outcome.escalated_to == ESCALATED_TO
     assert kept and set(kept) <= set(wide) and outcome.record("int8 weights")["kept_as"] == ESCALATED_TO
@@ -177,7 +178,7 @@ def test_the_search_moves_weights_to_groups_before_float(wide_files: tuple[bytes
     )
     assert single > grouped
     beyond = (grouped + single) / 2
-    strict = int8_to_target(quantized, float_file, feeds, masks, by_cosine(beyond), choice_share=1.0)
+    strict = int8_to_target(quantized, float_file, ChoiceSamples(feeds, by_cosine(beyond), masks), choice_share=1.0)
     assert strict.passed and strict.cosine >= beyond
     # float first, chosen with every other FC in groups; then the groups cut back to those the target needs
     floated, grouped_now = (strict.before[0], strict.kept_float) if strict.before else (strict, [])
@@ -200,16 +201,16 @@ def test_the_search_chooses_against_its_share_of_the_error(wide_files: tuple[byt
     nothing float; chosen against half the error it allows (what the default share is for: a choice lands just over
     its target, and new inputs read worse), weights float, the choice figure over the tighter target, the note
     naming both."""
-    from pe_export.converters.tflite_groups import ESCALATED_TO
-    from pe_export.converters.tflite_int8 import int8_to_target
+    from pe_export.converters.tflite.dynamic_int8 import int8_to_target
+    from pe_export.converters.tflite.groups import ESCALATED_TO
 
     float_file, quantized = wide_files
     feeds, masks, reference, edited = search_start(wide_files, tmp_path)
     grouped = worst_cosine(run(edited.build([], edited.groupable()), feeds, tmp_path), reference)
     target = 1 - 1.2 * (1 - grouped)  # groups meet it, with a fifth of their error to spare: not half
-    plain = int8_to_target(quantized, float_file, feeds, masks, by_cosine(target), choice_share=1.0)
+    plain = int8_to_target(quantized, float_file, ChoiceSamples(feeds, by_cosine(target), masks), choice_share=1.0)
     assert plain.escalated_to == ESCALATED_TO and not plain.before and plain.cosine >= target
-    halved = int8_to_target(quantized, float_file, feeds, masks, by_cosine(target), choice_share=0.5)
+    halved = int8_to_target(quantized, float_file, ChoiceSamples(feeds, by_cosine(target), masks), choice_share=0.5)
     floated = halved.before[0] if halved.before else halved
     assert floated.kept_float and not floated.escalated_to  # groups alone missed the tighter target
     assert halved.passed and halved.cosine >= 1 - 0.5 * (1 - target) > grouped

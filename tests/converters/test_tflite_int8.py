@@ -47,7 +47,7 @@ def feeds(seed: int) -> list[dict[str, np.ndarray]]:
 def run(
     data: bytes, inputs: list[dict[str, np.ndarray]], tmp_path: Path, per_core: bool = False
 ) -> list[dict[str, np.ndarray]]:
-    from pe_export.converters.tflite_int8 import run_candidates
+    from pe_export.converters.tflite.dynamic_int8 import run_candidates
 
     return run_candidates(data, inputs, tmp_path, per_core=per_core)
 
@@ -58,7 +58,7 @@ def relative_error(got: list[dict[str, np.ndarray]], want: list[dict[str, np.nda
 
 
 def test_weights_put_back_in_float_run_as_float(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
-    from pe_export.converters.tflite_int8 import DynamicRangeFile
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile
 
     float_file, quantized = outlier_files
     edited = DynamicRangeFile(quantized, float_file)
@@ -104,7 +104,7 @@ def _kept_weight_kinds(data: bytes) -> list[str]:
 
 
 def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
-    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile, _captured
 
     float_file, quantized = outlier_files
     edited = DynamicRangeFile(quantized, float_file)
@@ -125,7 +125,7 @@ def test_smoothing_cuts_the_int8_error(outlier_files: tuple[bytes, bytes], tmp_p
 
 def test_smoothing_sees_valid_rows_only(outlier_files: tuple[bytes, bytes], tmp_path: Path) -> None:
     """Padding rows (here 100x larger) never reach the ranges the α is chosen by."""
-    from pe_export.converters.tflite_int8 import DynamicRangeFile, _captured
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile, _captured
 
     float_file, quantized = outlier_files
     rng = np.random.default_rng(11)
@@ -146,7 +146,7 @@ def test_smoothing_sees_valid_rows_only(outlier_files: tuple[bytes, bytes], tmp_
 
 def test_thinned_rows_keep_every_range() -> None:
     """Rows past SMOOTHING_ROWS are thinned; the channel maxima and each call's extremes are all rows'."""
-    from pe_export.converters.smoothing import SMOOTHING_ROWS, thinned
+    from pe_export.converters.search.smoothing import SMOOTHING_ROWS, thinned
 
     rng = np.random.default_rng(12)
     calls = [rng.normal(size=(3 * SMOOTHING_ROWS, 64)).astype(np.float32) for _ in range(2)]
@@ -182,7 +182,7 @@ def test_candidates_run_in_parallel_keep_each_feeds_outputs(
 ) -> None:
     """run_candidates(per_core=True) splits the feeds among interpreters (one per core): each feed's outputs come
     back in its place, equal to that feed run alone."""
-    import pe_export.converters.tflite_int8 as tflite_int8
+    import pe_export.converters.tflite.dynamic_int8 as tflite_int8
 
     _, quantized = outlier_files
     inputs = feeds(11) + feeds(12)[:3]
@@ -201,7 +201,7 @@ def test_a_rotated_input_errs_less_than_smoothed_alone(
     """x (64 channels, one 60x the rest) is rotated by a block Hadamard after its smoothing; relu(x·W1) (48
     channels: no whole blocks of 32) is only smoothed. Held out, in the runtime, the rotated file errs less than the
     same file smoothed alone, and with every weight back in float it computes the float file's products."""
-    import pe_export.converters.tflite_int8 as tflite_int8
+    import pe_export.converters.tflite.dynamic_int8 as tflite_int8
 
     float_file, quantized = outlier_files
     given, held_out = feeds(6), feeds(7)

@@ -1,4 +1,5 @@
-"""Full-integer TFLite (converters/tflite_integer.py) on a keras-hub BERT of random weights at a fixed shape: the
+"""Full-integer TFLite (pe_export/converters/tflite/integer.py) on a keras-hub BERT of random weights at a fixed shape:
+the
 rewrites compute what the float file computes, the quantized file has no float op between its inputs and its
 last DEQUANTIZE, and it keeps the answers on inputs its calibration never saw, each run in LiteRT."""
 
@@ -53,7 +54,7 @@ def run(data: bytes, inputs: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
 
 
 def test_the_rewrites_compute_what_the_float_file_computes(float_file: bytes) -> None:
-    from pe_export.converters.tflite_integer_rewrites import integer_ready
+    from pe_export.converters.tflite.integer_rewrites import integer_ready
 
     prepared = integer_ready(float_file)
     counts = dict(prepared.rewrites)
@@ -69,7 +70,7 @@ def test_the_rewrites_compute_what_the_float_file_computes(float_file: bytes) ->
 def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: bytes) -> None:
     from ai_edge_litert.interpreter import Interpreter
 
-    from pe_export.converters.tflite_integer import full_integer
+    from pe_export.converters.tflite.integer import full_integer
 
     result = full_integer(float_file, feeds(0, 8))
     interpreter = Interpreter(model_content=result.model)
@@ -100,8 +101,8 @@ def test_the_file_is_integer_from_inputs_to_its_last_dequantize(float_file: byte
 def test_calibration_bounds_the_mask_fills_in_place_and_changes_nothing_else(float_file: bytes) -> None:
     """The fills written into the file's bytes where they lie: each one below the largest score calibration saw
     by the margin, every other buffer and the graph byte for byte the integer-ready file's."""
-    from pe_export.converters.tflite_integer import MASK_FILL_MARGIN, calibrate
-    from pe_export.converters.tflite_integer_rewrites import IntegerGraph, integer_ready
+    from pe_export.converters.tflite.integer import MASK_FILL_MARGIN, calibrate
+    from pe_export.converters.tflite.integer_rewrites import IntegerGraph, integer_ready
 
     prepared = integer_ready(float_file)
     calibrated = calibrate(float_file, feeds(0, 4))
@@ -124,7 +125,7 @@ def test_calibration_bounds_the_mask_fills_in_place_and_changes_nothing_else(flo
 
 
 def test_only_float_constants_are_filled_in_place(float_file: bytes) -> None:
-    from pe_export.converters.tflite_integer_rewrites import IntegerGraph, set_constants_in_place
+    from pe_export.converters.tflite.integer_rewrites import IntegerGraph, set_constants_in_place
     from pe_export.errors import ConversionError
 
     graph = IntegerGraph(float_file)
@@ -134,7 +135,7 @@ def test_only_float_constants_are_filled_in_place(float_file: bytes) -> None:
 
 
 def test_without_calibration_inputs_it_says_so(float_file: bytes) -> None:
-    from pe_export.converters.tflite_integer import full_integer
+    from pe_export.converters.tflite.integer import full_integer
     from pe_export.errors import ConversionError
 
     with pytest.raises(ConversionError, match="calibration inputs"):
@@ -142,7 +143,7 @@ def test_without_calibration_inputs_it_says_so(float_file: bytes) -> None:
 
 
 def test_a_feed_that_names_other_inputs_is_refused(float_file: bytes, tmp_path: Path) -> None:
-    from pe_export.converters.tflite_integer import full_integer
+    from pe_export.converters.tflite.integer import full_integer
     from pe_export.errors import ConversionError
 
     with pytest.raises(ConversionError, match="do not match the TFLite signature's inputs"):
@@ -156,7 +157,7 @@ def test_ranges_have_headroom_for_inputs_shorter_than_calibration_saw(
     short sentence's is: its activations overshoot ranges calibrated on long ones): the file with
     ACTIVATION_HEADROOM is nearer float32 than the file with the ranges calibration saw (measured on three seeds:
     0.41-0.56 of its error)."""
-    from pe_export.converters import tflite_integer
+    from pe_export.converters.tflite import integer as tflite_integer
 
     calibration = feeds(0, 8)
     for feed in calibration:

@@ -1,4 +1,5 @@
-"""Full-integer activations by measured error (converters/tflite_mixed.py) on a keras-hub BERT of random weights
+"""Full-integer activations by measured error (pe_export/converters/tflite/mixed.py) on a keras-hub BERT of random
+weights
 at a fixed shape, every file run in LiteRT: the file holds int8 and int16 activations as the search chose them, the
 int16 ones are there because int8 missed, it keeps the answers on inputs the choice never saw, and --keep-int16 /
 --keep-float do what they say."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pe_export.converters.keep_float import Judging
+from pe_export.converters.search.keep_float import ChoiceSamples, Judging
 from pe_export.parity.tolerances import INT8_TOLERANCE, INT16_MARGIN_KEPT, Tolerance
 from tests.converters.test_tflite_integer import feeds, run
 
@@ -25,8 +26,8 @@ SEQUENCE = {"sequence_output"}
 ASK = INT8_TOLERANCE.with_cosine_error(0.06)
 
 
-def judging_inputs() -> tuple[list[dict[str, np.ndarray]], list[np.ndarray | None], set[str]]:
-    return CHOICE, [feed["padding_mask"].astype(bool) for feed in CHOICE], SEQUENCE
+def choice_samples(tolerance: Tolerance) -> ChoiceSamples:
+    return ChoiceSamples(CHOICE, tolerance, [feed["padding_mask"].astype(bool) for feed in CHOICE], SEQUENCE)
 
 
 def tensor_types(data: bytes) -> dict[str, str]:
@@ -50,13 +51,13 @@ def worst_pooled_cosine(data: bytes, reference: bytes, inputs: list[dict[str, np
 
 @pytest.fixture(scope="module")
 def mixed(float_file: bytes):  # noqa: F811
-    from pe_export.converters.tflite_mixed import mixed_integer
+    from pe_export.converters.tflite.mixed import mixed_integer
 
-    return mixed_integer(float_file, CHOICE, None, judging_inputs(), ASK)
+    return mixed_integer(float_file, CHOICE, None, choice_samples(ASK))
 
 
 def test_the_activations_are_int8_or_int16_as_the_search_chose(mixed, float_file: bytes) -> None:  # noqa: F811
-    from pe_export.converters.tflite_integer import calibrate, quantize
+    from pe_export.converters.tflite.integer import calibrate, quantize
 
     search, types = mixed.search, tensor_types(mixed.file.model)
     kept = set(search.kept_float)
@@ -76,7 +77,7 @@ def test_the_activations_are_int8_or_int16_as_the_search_chose(mixed, float_file
 
 
 def test_it_keeps_the_answers_on_inputs_the_choice_never_saw(mixed, float_file: bytes) -> None:  # noqa: F811
-    from pe_export.converters.tflite_integer import calibrate, quantize
+    from pe_export.converters.tflite.integer import calibrate, quantize
 
     held_out = worst_pooled_cosine(mixed.file.model, float_file, HELD_OUT)
     assert held_out >= ASK.min_cosine, held_out
@@ -88,17 +89,16 @@ def test_it_keeps_the_answers_on_inputs_the_choice_never_saw(mixed, float_file: 
 def test_keep_int16_and_keep_float_name_ops_by_layer_path_or_tensor(float_file: bytes) -> None:  # noqa: F811
     """--keep-int16 and --keep-float by a Keras layer path (the names Keras gives a layer depend on what the process
     built before: ``softmax_2_1`` in a process that built a BERT before this one) or by the op's output tensor."""
-    from pe_export.converters.tflite_integer import activation_ops
-    from pe_export.converters.tflite_integer_rewrites import integer_ready
-    from pe_export.converters.tflite_mixed import mixed_integer
+    from pe_export.converters.tflite.integer import activation_ops
+    from pe_export.converters.tflite.integer_rewrites import integer_ready
+    from pe_export.converters.tflite.mixed import mixed_integer
 
     softmax = next(op.name for op in activation_ops(integer_ready(float_file).data) if op.code == "SOFTMAX")
     outcome = mixed_integer(
         float_file,
         CHOICE,
         None,
-        judging_inputs(),
-        INT8_TOLERANCE,
+        choice_samples(INT8_TOLERANCE),
         keep_int16=("transformer_layer_1/feedforward_output_dense",),
         keep_float=("transformer_layer_0/self_attention_layer/softmax",),
     )
@@ -116,17 +116,17 @@ def test_keep_int16_and_keep_float_name_ops_by_layer_path_or_tensor(float_file: 
 
 
 def test_an_unknown_name_is_refused_with_the_valid_ones(float_file: bytes) -> None:  # noqa: F811
-    from pe_export.converters.tflite_mixed import mixed_integer
+    from pe_export.converters.tflite.mixed import mixed_integer
     from pe_export.errors import BadInputError
 
     with pytest.raises(BadInputError, match=r"--keep-int16 'no_such_layer' names no activation .* e\.g\. "):
-        mixed_integer(float_file, CHOICE, None, judging_inputs(), INT8_TOLERANCE, keep_int16=("no_such_layer",))
+        mixed_integer(float_file, CHOICE, None, choice_samples(INT8_TOLERANCE), keep_int16=("no_such_layer",))
 
 
 def test_each_sample_keeps_half_of_int16s_margin_or_int16s_error() -> None:
     """Floors: where every activation int16 meets the target, the target plus the kept share of int16's margin
     over it; where it misses, int16's error grown by the allowed share."""
-    from pe_export.converters.tflite_mixed import INT8_ERROR_GROWTH, int16_floors
+    from pe_export.converters.tflite.mixed import INT8_ERROR_GROWTH, int16_floors
 
     direction = np.ones((1, 4, 8), np.float32)
     inputs = [{"x": np.zeros((1, 4), np.int32)} for _ in range(3)]
@@ -176,7 +176,7 @@ def test_the_runner_reads_an_integer_output_as_real_values(float_file: bytes, tm
     as scale · (q − zero point), what the search compares with the float file."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from pe_export.converters.tflite_integer import calibrate, quantize
+    from pe_export.converters.tflite.integer import calibrate, quantize
     from pe_export.runners import create_runner
 
     path = tmp_path / "candidate.tflite"

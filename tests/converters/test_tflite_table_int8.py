@@ -1,4 +1,4 @@
-"""A TFLite dynamic-int8 table with a step per row (``tflite_table_int8``): each looked-up row comes back within half
+"""A TFLite dynamic-int8 table with a step per row (``tflite.table_int8``): each looked-up row comes back within half
 its own step, where the converter's one step for the whole table loses the small rows; run in the installed TFLite
 runtime."""
 
@@ -40,7 +40,7 @@ def table_files(table: np.ndarray) -> tuple[bytes, bytes]:
 
 
 def _lookups(data: bytes, ids: np.ndarray, tmp_path: Path) -> np.ndarray:
-    from pe_export.converters.tflite_int8 import run_candidates
+    from pe_export.converters.tflite.dynamic_int8 import run_candidates
 
     (outputs,) = run_candidates(data, [{"ids": ids}], tmp_path)
     return outputs["rows"]
@@ -49,7 +49,7 @@ def _lookups(data: bytes, ids: np.ndarray, tmp_path: Path) -> np.ndarray:
 def test_rows_come_back_within_half_their_own_step(
     table: np.ndarray, table_files: tuple[bytes, bytes], tmp_path: Path
 ) -> None:
-    from pe_export.converters.tflite_int8 import DynamicRangeFile
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile
 
     float_file, quantized = table_files
     edited = DynamicRangeFile(quantized, float_file)
@@ -79,7 +79,7 @@ def test_a_table_kept_float_reads_its_rows_straight(
     of the rows, no steps."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from pe_export.converters.tflite_int8 import DynamicRangeFile
+    from pe_export.converters.tflite.dynamic_int8 import DynamicRangeFile
 
     float_file, quantized = table_files
     edited = DynamicRangeFile(quantized, float_file)

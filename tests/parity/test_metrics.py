@@ -56,7 +56,7 @@ def test_attention_scores_leave_out_padded_queries_and_keys() -> None:
     """A layer's attention scores [batch, heads, query, key] run along the sequence on their last two axes: an
     error where either the query or the key is padding (masked away by the softmax after) does not count; one at
     valid positions does, and the heads axis, as long as the sequence here, is never masked."""
-    from pe_export.layers.compare import LayerComparison
+    from pe_export.parity.layers.compare import LayerComparison
 
     expected = np.zeros((2, 4, 4, 4))
     valid = np.array([[True] * 4, [True, True, True, False]])

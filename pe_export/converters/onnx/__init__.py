@@ -1,0 +1,1 @@
+"""ONNX: tf2onnx's conversion, its fixes and fusions, and each ONNX precision's step."""

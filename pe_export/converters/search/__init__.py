@@ -1,0 +1,1 @@
+"""Searches both formats share: which weights stay float, smoothing, rotations."""
