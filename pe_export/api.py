@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,160 +12,33 @@ import numpy as np
 from pe_export.constants import (
     CALIBRATION_SAMPLES,
     CHILD_CONVERSION_MIN_WEIGHT_BYTES,
-    CHOICE_SEED,
-    HOLDOUT_EVERY,
     VERIFY_BATCH,
     VERIFY_SEED,
-    VERIFY_SEQ_LEN,
 )
 from pe_export.converters.options import ExportOptions
-from pe_export.converters.search.keep_float import ChoiceSamples
 from pe_export.errors import (
-    BadInputError,
     ConversionError,
     ExitCode,
     InputsRejectedError,
-    ParityError,
-    RuntimeUnavailableError,
 )
+from pe_export.export_job import ExportJob, prepare_job
+from pe_export.export_report import ExportReport, failed_output_path
 from pe_export.fileio import check_output_path, publish, staged_file, staged_in_folder, write_staged
-from pe_export.holdout import Cases, Parts, in_batches, samples, split_rows
-from pe_export.inputs import generate_inputs, valid_positions
+from pe_export.inputs import generate_inputs
 from pe_export.inspection.summary import ModelSummary
 from pe_export.interrupts import raise_if_interrupted
 from pe_export.parity.result import ParityReport
-from pe_export.parity.tolerances import tolerance_for
-from pe_export.precisions import Precision
 from pe_export.provenance import (
     append_tflite_metadata,
     embed_onnx_metadata,
     embed_tflite_metadata,
-    provenance_entries,
 )
 from pe_export.runners import NO_RUNTIME_FIX, create_runner, first_installed_runner
-from pe_export.specs import BATCH_AXIS, SEQUENCE_AXIS, TensorSpec, feed_shape
+from pe_export.specs import SEQUENCE_AXIS, feed_shape
 
 if TYPE_CHECKING:
-    from pe_export.lengths import SequenceLimit
-    from pe_export.parity.result import OutputMetrics
-    from pe_export.savedmodel import FrozenSignature, LoadedSavedModel
     from pe_export.sources import ModelSource
-    from pe_export.tables.pipeline import PreparedGraph, TableResult
-
-
-@dataclass
-class ExportReport:
-    file_format: str  # "tflite" or "onnx"
-    source: Path
-    output: Path
-    signature: str
-    input_specs: list[TensorSpec]
-    options: ExportOptions
-    summary: ModelSummary
-    parity: ParityReport | None = None
-    unverified_reason: str | None = None
-    converter_log: str = ""
-    tables: list[TableResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what the exporter changed to make the file run
-    written: bool = True  # False: the file failed verification and nothing was put at ``output``
-    kept_failed: Path | None = None  # --keep-failed: where the failing file was kept instead
-    # --allow-lossy: the file against the model with its compressed tables (lossy_reference.py), where the
-    # parity against the model as it is failed: the loss accepted is the tables' alone
-    against_lossy_tables: list[OutputMetrics] | None = None
-    layer_map: str | None = None  # what the stamped layer map covers, or why there is none (pe_export/parity/layers)
-    # the accuracy-driven searches that chose what stays float, each with its measured ranking (search/keep_float.py)
-    searches: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as --json writes it: what was asked, what was written, what was decided and why, and
-        the parity report (``ParityReport.to_dict``)."""
-        from dataclasses import asdict
-
-        return {
-            "format": self.file_format,
-            "source": str(self.source),
-            "output": str(self.output),
-            "written": self.written,
-            "kept_failed": None if self.kept_failed is None else str(self.kept_failed),
-            "exit_code": int(self.exit_code),
-            "signature": self.signature,
-            "inputs": [spec.describe() for spec in self.input_specs],
-            "quantize": self.options.quantize,
-            "precision": self.options.precision,
-            "tolerance": asdict(self.options.tolerance),
-            "file_bytes": self.summary.file_bytes,
-            "notes": list(self.notes),
-            "tables": [
-                {
-                    "name": result.table.name,
-                    "method": result.method,
-                    "exact": result.exact,
-                    "bytes_before": result.bytes_before,
-                    "bytes_after": result.bytes_after,
-                    "max_error": result.max_error,
-                }
-                for result in self.tables
-            ],
-            "searches": self.searches,
-            "layer_map": self.layer_map,
-            "parity": None if self.parity is None else self.parity.to_dict(),
-            "unverified_reason": self.unverified_reason,
-        }
-
-    @property
-    def lossy_tables(self) -> list[TableResult]:
-        return [t for t in self.tables if not t.exact]
-
-    @property
-    def loss_is_the_tables(self) -> bool:
-        """--allow-lossy with lossy tables, and the file meets its tolerance against the model computed with
-        them: what parity misses is the tables' loss, which the user accepted."""
-        checked = self.against_lossy_tables or []
-        accepted = bool(self.lossy_tables and self.options.tables.allow_lossy and checked)
-        return accepted and all(output.within_tolerance for output in checked)
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.parity is not None and not self.parity.passed:
-            return ExitCode.OK if self.loss_is_the_tables else ExitCode.PARITY_FAILED
-        if self.options.verify and self.parity is None:
-            return ExitCode.RUNTIME_UNAVAILABLE
-        return ExitCode.OK
-
-    def raise_for_status(self) -> None:
-        """Raise the error that the exit code stands for; return quietly when it is OK."""
-        if self.exit_code == ExitCode.PARITY_FAILED:
-            assert self.parity is not None
-            lossy = ", ".join(f"{t.table.name} ({t.method}, table error {t.max_error:.3g})" for t in self.lossy_tables)
-            if self.kept_failed is not None:
-                what = f"{self.output} was not written; the failing file is kept as {self.kept_failed} (--keep-failed):"
-            else:
-                what = (
-                    f"{self.output} was not written (--keep-failed keeps a failing file as "
-                    f"{failed_output_path(self.output).name}):"
-                )
-            if lossy and self.options.tables.allow_lossy:
-                worst = min(self.against_lossy_tables or [], key=lambda o: (o.within_tolerance, o.cosine), default=None)
-                beyond = (
-                    f"{worst.name!r} errs {worst.max_abs:.3g} (cosine {worst.cosine:.6f})" if worst is not None else "?"
-                )
-                raise ParityError(
-                    f"{what} --allow-lossy accepts the tables' loss only ({lossy}), and against the model computed "
-                    f"with those tables the file still fails the {self.options.precision} tolerance: {beyond}. The "
-                    "rest is the file's own (its precision or the converter's): try another --quantize, or verify "
-                    "without --compress to see it alone"
-                )
-            if lossy:
-                raise ParityError(
-                    f"{what} lossy table compression breaks parity ({lossy}): {self.parity.failure_message()}. "
-                    "Use a larger --compress, --compress-method angle where the table is a sinusoid, or --allow-lossy"
-                )
-            raise ParityError(f"{what} {self.parity.failure_message()}")
-        if self.exit_code == ExitCode.RUNTIME_UNAVAILABLE:
-            raise RuntimeUnavailableError(
-                f"{self.output} was written but not verified: {self.unverified_reason}; pass --no-verify to "
-                "accept it unverified, or run `pe-export parity` where a suitable runtime is installed"
-            )
+    from pe_export.tables.pipeline import TableResult
 
 
 def export_tflite(
@@ -193,17 +65,17 @@ def _export(
     options.validate(file_format)
     check_output_path(output, overwrite=options.overwrite, suffix=f".{file_format}")  # before a .keras is exported
     with model_source(Path(given)) as source:
-        plain = file_format == "tflite" and converts_in_child(options, source.weight_bytes)
+        converter_layout = file_format == "tflite" and converts_in_child(options, source.weight_bytes)
         check_before_work(
             file_format,
             source.saved_model,
             options.quantize,
             options.force,
-            converter_layout=plain,
+            converter_layout=converter_layout,
             weights=source.weight_bytes,
         )
         try:
-            report = _judged_by_accuracy(export, source, output, options, quiet)
+            report = _lossy_tables_kept_where_they_fail(export, source, output, options, quiet)
         except InputsRejectedError as err:  # a file of the export's own, on inputs the SavedModel took
             raise ConversionError(
                 f"a {file_format} file of this export fails in its runtime on inputs the SavedModel runs ({err}); "
@@ -220,13 +92,7 @@ def default_output_path(saved_model: Path, file_format: str) -> Path:
     return Path(f"{output_stem(saved_model)}.{file_format}")
 
 
-def failed_output_path(output: Path) -> Path:
-    """Where --keep-failed keeps a file that failed verification: the name says so."""
-    output = Path(output)
-    return output.with_name(f"{output.stem}.FAILED{output.suffix}")
-
-
-def _judged_by_accuracy(
+def _lossy_tables_kept_where_they_fail(
     export: Any, source: ModelSource, output: Path, options: ExportOptions, quiet: bool
 ) -> ExportReport:
     """--compress with auto never fails for want of an exact method: a lossy table it chose that breaks the
@@ -256,7 +122,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     from pe_export.inspection.tflite_file import summarize_tflite_bytes
 
     early = _convert_before_loading(source, options)
-    job = _prepare("tflite", source, Path(output), options)
+    job = prepare_job("tflite", source, Path(output), options)
     if early is not None and early.signature != job.signature:
         early = None  # its provenance names another signature than the one this export resolved
 
@@ -285,7 +151,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
                 padded=bool(seed % 2),
             )
 
-    data, log, notes = _no_larger_than_plain(
+    data, log, notes = _rebuilt_unless_larger(
         job,
         lambda prepared: convert_tflite(
             job.loaded,
@@ -310,7 +176,7 @@ def _export_tflite(source: ModelSource, output: Path, options: ExportOptions, *,
     return _finish(job, data, summary, log, notes)
 
 
-def _layer_map_entries(job: _Job, data: Any, float_file: bytes | None = None) -> dict[str, str]:
+def _layer_map_entries(job: ExportJob, data: Any, float_file: bytes | None = None) -> dict[str, str]:
     """The layer map's metadata entry, where the export verifies and a runtime here runs the file (what it
     covers, or why there is none, is kept on the job for the report)."""
     if not (job.options.layer_map and job.options.verify):
@@ -370,10 +236,10 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
     from pe_export.converters.onnx.convert import convert_onnx, is_inline, model_bytes
     from pe_export.inspection.onnx_file import import_onnx, summarize_onnx_model
 
-    job = _prepare("onnx", source, Path(output), options)
+    job = prepare_job("onnx", source, Path(output), options)
     float_files: list[bytes] = []  # the float32 model before quantization (for the layer map)
 
-    data, log, notes = _no_larger_than_plain(
+    data, log, notes = _rebuilt_unless_larger(
         job,
         lambda prepared: convert_onnx(
             job.frozen,
@@ -397,7 +263,7 @@ def _export_onnx(source: ModelSource, output: Path, options: ExportOptions, *, q
     return _finish(job, data, summary, log, notes)
 
 
-def _no_larger_than_plain(job: _Job, convert: Any) -> tuple[bytes, str, list[str]]:
+def _rebuilt_unless_larger(job: ExportJob, convert: Any) -> tuple[bytes, str, list[str]]:
     """Convert with the rebuilt tables; where auto chose the rewrite and the file came out no smaller than
     the plain export (small tables: the rebuild's ops outweigh the bytes saved), write the plain one."""
     data, log, notes = convert(job.rewritten)
@@ -430,256 +296,6 @@ def _payload_bytes(data: Any) -> int:
     return len(data) if isinstance(data, bytes) else model_bytes(data)
 
 
-@dataclass
-class _Job:
-    file_format: str
-    source: Path  # the SavedModel folder read (a temporary export of a .keras file or checkpoint)
-    output: Path
-    options: ExportOptions
-    loaded: LoadedSavedModel
-    signature: str
-    provenance: dict[str, str]
-    frozen: FrozenSignature  # the signature at the export's input specs
-    prepared: PreparedGraph | None = None
-    given: Path | None = None  # what the user passed, where a tokenizer.json is looked for
-    layer_map: str | None = None  # the report's line on the stamped layer map
-    searches: list[dict[str, Any]] = field(default_factory=list)  # the written conversion's (ExportReport)
-
-    @property
-    def specs(self) -> list[TensorSpec]:
-        return self.frozen.specs
-
-    @property
-    def rewritten(self) -> PreparedGraph | None:
-        """The table pipeline's graph where it rebuilds a table; else None, and the plain graph is converted
-        (a graph that rewrites nothing would only cost bytes: --compress never makes a file larger)."""
-        prepared = self.prepared
-        changes = prepared is not None and (prepared.replacements or prepared.unfolded or prepared.arithmetic)
-        return prepared if changes else None
-
-    @cached_property
-    def check_length(self) -> int:
-        """Sequence length for verification and int8 calibration (see lengths.checked_length).
-
-        Rows added by --max-len have no reference to meet; a fixed length keeps its own.
-        """
-        from pe_export.specs import any_dynamic_length
-        from pe_export.tables.pipeline import checked_positions
-
-        if not any_dynamic_length(self.specs):
-            return VERIFY_SEQ_LEN  # a fixed length keeps its own
-        return checked_positions(self.limit, self.prepared) or VERIFY_SEQ_LEN
-
-    @cached_property
-    def limit(self) -> SequenceLimit | None:
-        """The longest sequence the reference takes, where a table read by position bounds it (pe_export/lengths.py)."""
-        from pe_export.lengths import model_limit
-
-        return model_limit(self.loaded, self.frozen)
-
-    def check_feeds(self) -> Cases:
-        """The inputs a file is judged on (verification): --text or --inputs when given, which then stand for
-        the distribution that matters; else generated full-length and padded rows. Where the export chooses by
-        accuracy (int8), only the part its choices never saw (``parts``)."""
-        return self.parts.check
-
-    def choice_samples(self) -> ChoiceSamples:
-        """The samples the precision's choices are made on (the choice part), as its search takes them."""
-        feeds, valid = self.parts.choice
-        return ChoiceSamples(
-            list(feeds.values()), self.options.tolerance, [valid[case] for case in feeds], self.sequence_outputs
-        )
-
-    @property
-    def precision(self) -> Precision:
-        return self.options.precision_spec(self.file_format)
-
-    @property
-    def decides(self) -> bool:
-        """Whether the export chooses by accuracy on the inputs (int8: smoothing, ranges, weights kept float)."""
-        return self.precision.decides
-
-    @property
-    def chooser(self) -> str:
-        """What makes the choices, in the notes: int8, or float16's arithmetic (ONNX: which nodes stay float32)."""
-        return self.precision.chooser
-
-    @cached_property
-    def parts(self) -> Parts:
-        """The inputs int8's choices are made on and those that judge them (pe_export/holdout.py); without a
-        choice to make, both are every input. A file of a fixed batch takes the given samples that many at a
-        time."""
-        parts = self._parts()
-        if self.options.text is None and self.options.inputs is None:
-            return parts
-        batch = self.specs[0].shape[BATCH_AXIS] if self.specs and self.specs[0].shape else None
-        return replace(parts, choice=in_batches(parts.choice, batch), check=in_batches(parts.check, batch))
-
-    def _parts(self) -> Parts:
-        if self.options.text is None and self.options.inputs is None:
-            check = verification_feeds(self.specs, self.bounds, self.check_length, masks=self.masks)
-            if not self.decides:
-                return Parts(check, check)
-            choice = verification_feeds(self.specs, self.bounds, self.check_length, seed=CHOICE_SEED, masks=self.masks)
-            note = f"{self.chooser} chose on generated inputs of its own, apart from those it is judged on"
-            return Parts(choice, check, note)
-        given = self.user_case
-        if not self.decides:
-            return Parts(given, given)
-        if self.options.holdout is not None:
-            held = self.user_cases(self.options.holdout, "holdout")
-            return Parts(
-                given,
-                held,
-                f"{self.chooser} chose on the {samples(given)} samples given, judged on the {samples(held)} of "
-                "--holdout",
-            )
-        split = split_rows(given, HOLDOUT_EVERY)
-        if split is None:
-            note = f"{self.chooser} chose on the one sample given and is judged on it (--holdout FILE: others)"
-            return Parts(given, given, note)
-        choice, check = split
-        return Parts(
-            choice,
-            check,
-            f"{self.chooser} chose on {samples(choice)} of the {samples(given)} samples and is judged on the other "
-            f"{samples(check)}, held out (every {HOLDOUT_EVERY}th; --holdout FILE gives them)",
-        )
-
-    @cached_property
-    def sequence_outputs(self) -> set[str]:
-        """The outputs whose axis 1 is the sequence (the padding mask applies), from the SavedModel's signature."""
-        from pe_export.savedmodel import signature_input_specs, signature_output_specs
-        from pe_export.specs import sequence_outputs
-
-        signature = self.loaded.signature(self.options.signature)
-        return sequence_outputs(signature_input_specs(signature), signature_output_specs(signature))
-
-    @cached_property
-    def user_case(self) -> Cases:
-        """--text or --inputs as one case of all their samples, checked against the model's tables."""
-        return self.user_cases(self.options.text.text if self.options.text else Path(self.options.inputs or ""))
-
-    def user_cases(self, path: Path, case: str | None = None) -> Cases:
-        """The samples in ``path``, read as --text's sentences or --inputs' arrays (whichever was given), as one
-        case (named after the option, or ``case``)."""
-        if self.options.text is not None:
-            from pe_export.text_inputs import TextInputs, text_feed
-
-            option = "--text" if path == self.options.text.text else "--holdout"
-            sentences = TextInputs(path, self.options.text.tokenizer, option, self.options.text.mask_inputs)
-            feed, valid = text_feed(
-                self.specs, self.bounds, sentences, self.given or self.source, self.check_length, masks=self.masks
-            )
-            return {case or "text": feed}, {case or "text": valid}
-        from pe_export.golden import user_batches
-        from pe_export.parity.bundle import read_npz
-
-        arrays = read_npz(path)
-        count = max((array.shape[0] for array in arrays.values() if array.ndim), default=1)
-        feed, valid = next(user_batches(path, arrays, self.specs, count, self.bounds, self.masks))
-        return {case or "inputs": feed}, {case or "inputs": valid}
-
-    @cached_property
-    def bounds(self) -> dict[str, int]:
-        """Integer input bounds, for verification and calibration only: an unverified export skips the freeze."""
-        from pe_export.savedmodel import input_bounds
-
-        return input_bounds(self.frozen)
-
-    @cached_property
-    def masks(self) -> frozenset[str]:
-        """The padding-mask inputs, from how the graph uses them (pe_export/input_roles.py)."""
-        from pe_export.savedmodel import input_masks
-
-        return input_masks(self.frozen, self.bounds)
-
-
-def _prepare(file_format: str, source: ModelSource, output: Path, options: ExportOptions) -> _Job:
-    from pe_export.savedmodel import (
-        FrozenSignature,
-        load_savedmodel,
-        signature_input_specs,
-    )
-
-    saved_model = source.saved_model  # options and output path were checked once, in _export
-    loaded = load_savedmodel(saved_model)
-    signature = loaded.signature(options.signature)
-    model_specs = signature_input_specs(signature)
-    specs = options.export_specs(model_specs)
-    signature_name = loaded.resolve_signature_name(options.signature)
-    frozen = FrozenSignature(signature, specs, name=signature_name)
-    if options.seq_len is not None:
-        _check_length_fits_tables(loaded, signature, model_specs, frozen, options.seq_len)
-    provenance = provenance_entries(source.digest, options.precision, signature_name)
-    prepared = None
-    from pe_export.lengths import model_limit
-    from pe_export.tables.pipeline import folds_relative_gather, prepare_graph
-
-    arithmetic = _has_position_arithmetic(frozen)
-    limit = model_limit(loaded, frozen) if arithmetic else None
-    if options.tables.rewrites or folds_relative_gather(frozen) or arithmetic:
-        tables = replace(options.tables, lossy_atol=tolerance_for(options.precision).atol)
-        prepared = prepare_graph(
-            loaded, frozen, tables, arithmetic=arithmetic, arithmetic_limit=limit.tokens if limit else None
-        )
-    job = _Job(
-        file_format,
-        saved_model,
-        output,
-        options,
-        loaded,
-        signature_name,
-        provenance,
-        frozen,
-        prepared,
-        given=source.given,
-    )
-    if arithmetic:
-        job.__dict__["limit"] = limit  # measured once (the cached property's value)
-    if options.text is not None or options.inputs is not None:
-        _ = job.user_case  # bad --text, tokenizer or --inputs is refused before any conversion
-    return job
-
-
-def _has_position_arithmetic(frozen: FrozenSignature) -> bool:
-    """A dynamic-length graph whose position arithmetic is frozen before conversion (tables/arithmetic.py)."""
-    from pe_export.specs import any_dynamic_length
-    from pe_export.tables.arithmetic import has_position_arithmetic
-
-    if not any_dynamic_length(frozen.specs):
-        return False
-    graph_def, inputs, _ = frozen.graph()
-    return has_position_arithmetic(graph_def, inputs)
-
-
-def _check_length_fits_tables(
-    loaded: LoadedSavedModel, signature: Any, model_specs: list[TensorSpec], frozen: FrozenSignature, seq_len: int
-) -> None:
-    """--seq-len past the longest sequence a dynamic-length model takes (its position table's rows less the offset
-    its positions start at): what to do instead, in one line."""
-    from pe_export.lengths import model_limit
-    from pe_export.savedmodel import FrozenSignature
-    from pe_export.tables.pipeline import fixed_length
-
-    native = FrozenSignature(signature, model_specs)
-    try:
-        _ = frozen.concrete
-    except BadInputError:
-        if fixed_length(native):
-            raise  # a fixed-length model: the message already says so
-    if fixed_length(native):
-        return
-    limit = model_limit(loaded, native)
-    if limit is None or seq_len <= limit.tokens:
-        _ = frozen.concrete  # the shapes' own refusal, if any
-        return
-    raise BadInputError(
-        f"--seq-len {seq_len} is longer than the model takes: {limit.describe()}; pass --seq-len {limit.tokens} or "
-        f"less, or --dynamic-seq --max-len {seq_len + limit.offset} for a file whose tables are extended"
-    ) from None
-
-
 def find_position_tables(saved_model: Path, options: ExportOptions) -> list[TableResult]:
     """`--list-tables`: every position table the exporters would see, nothing converted or written."""
     from pe_export.lengths import model_limit
@@ -701,28 +317,9 @@ def find_position_tables(saved_model: Path, options: ExportOptions) -> list[Tabl
         return prepare_graph(loaded, frozen, listing, arithmetic=arithmetic, arithmetic_limit=tokens).results
 
 
-def verification_feeds(
-    specs: list[TensorSpec],
-    bounds: dict[str, int],
-    seq_len: int = VERIFY_SEQ_LEN,
-    seed: int = VERIFY_SEED,
-    masks: Collection[str] | None = None,
-) -> Cases:
-    """Two cases, full-length rows and rows padded at several lengths, with their valid positions.
-
-    ``seq_len`` sizes a dynamic sequence axis; a fixed one keeps the model's length.
-    """
-    feeds, valid = {}, {}
-    for case, padded in (("random", False), ("padded", True)):
-        feeds[case] = generate_inputs(
-            specs, bounds, batch=VERIFY_BATCH, seq_len=seq_len, seed=seed, padded=padded, masks=masks
-        )
-        batch, length = feed_shape(feeds[case]) or (VERIFY_BATCH, seq_len)  # a fixed shape keeps its own
-        valid[case] = valid_positions(batch, length, padded=padded)
-    return feeds, valid
-
-
-def _finish(job: _Job, data: bytes, summary: ModelSummary, log: str, notes: list[str] | None = None) -> ExportReport:
+def _finish(
+    job: ExportJob, data: bytes, summary: ModelSummary, log: str, notes: list[str] | None = None
+) -> ExportReport:
     """Stage the file beside its output path, verify it there, and only then put it at the output path: a file
     that fails verification, or a run interrupted before the end, leaves nothing at the output."""
     report = ExportReport(
@@ -786,7 +383,7 @@ def _publish(staged: Path, path: Path, inline: bool, *, overwrite: bool) -> None
     publish(staged, path, overwrite=overwrite)
 
 
-def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:
+def _verify_staged(job: ExportJob, report: ExportReport, staged: Path) -> None:
     runnable = [v for v in report.summary.runs_on if v.runs and not v.runtime.endswith("+flex")]
     runner_name = first_installed_runner(staged)
     if not runnable:
@@ -801,7 +398,7 @@ def _verify_staged(job: _Job, report: ExportReport, staged: Path) -> None:
             report.against_lossy_tables = against_lossy_tables(job, runner_name, staged)
 
 
-def verify_export(job: _Job, runner_name: str, path: Path) -> ParityReport:
+def verify_export(job: ExportJob, runner_name: str, path: Path) -> ParityReport:
     """The staged file against the SavedModel on the check's inputs, each case judged on its own: the
     reference's outputs make an in-memory bundle, compared by the loop `pe-export parity` runs."""
     import time

@@ -135,8 +135,9 @@ def export_options(file_format: str) -> Callable[[Callable[..., Any]], Callable[
                 "--holdout",
                 type=click.Path(path_type=Path),
                 default=None,
-                help=f"int8: judge the choices on these samples (as --text or --inputs) instead of every "
-                f"{HOLDOUT_EVERY}th of them, which the choices then never see.",
+                help="A precision that chooses by accuracy (int8, ONNX float16) chooses on --text / --inputs and is "
+                f"judged on these samples (the same form) instead of on every {HOLDOUT_EVERY}th of them, which its "
+                "choices then never see.",
             ),
             click.option(
                 "--min-cosine",
@@ -206,41 +207,36 @@ def _text_inputs(text: Path | None, tokenizer: Path | None, mask_inputs: tuple[s
     return TextInputs(text, tokenizer, mask_inputs=tuple(mask_inputs))
 
 
+# Export flags that say the opposite of the option they set, and --compress's flags by TableOptions field; every
+# other export flag has its option's name (ExportOptions' fields), so a new option needs no line here.
+_NEGATED_FLAGS = {"no_verify": "verify", "no_layer_map": "layer_map", "no_fuse": "fuse"}
+_TABLE_FLAGS = {
+    "compress": "compress",
+    "compress_method": "method",
+    "table_dtype": "table_dtype",
+    "max_len": "max_len",
+    "allow_lossy": "allow_lossy",
+    "table_names": "names",
+}
+
+
 def _export_options(**values: Any) -> Any:
+    """The command's values as ExportOptions: a flag fills the field of its name (lists as tuples)."""
+    from dataclasses import fields
+
     from pe_export.converters.options import ExportOptions
     from pe_export.tables.pipeline import TableOptions
 
-    return ExportOptions(
-        signature=values["signature"],
-        seq_len=values["seq_len"],
-        dynamic_seq=values["dynamic_seq"],
-        batch=values["batch"],
-        quantize=values["quantize"],
-        builtins_only=values.get("builtins_only", False),
-        opset=values.get("opset", DEFAULT_ONNX_OPSET),
-        fuse=not values.get("no_fuse", False),
-        outlier_channels=values.get("outlier_channels"),
-        int8_kernel=values.get("int8_kernel"),
-        verify=not values["no_verify"],
-        layer_map=not values["no_layer_map"],
-        overwrite=values["overwrite"],
-        keep_failed=values["keep_failed"],
-        min_cosine=values["min_cosine"],
-        force=values.get("force", False),
-        text=_text_inputs(values["text"], values["tokenizer"], values["mask_input"]),
-        inputs=values["inputs"],
-        holdout=values["holdout"],
-        keep_float=tuple(values["keep_float"]),
-        keep_int16=tuple(values["keep_int16"]),
-        tables=TableOptions(
-            compress=values["compress"],
-            method=values["compress_method"],
-            table_dtype=values["table_dtype"],
-            max_len=values["max_len"],
-            allow_lossy=values["allow_lossy"],
-            names=tuple(values["table_names"]),
-        ),
-    )
+    def value(flag: str) -> Any:
+        given = values[flag]
+        return tuple(given) if isinstance(given, list | tuple) else given
+
+    named = {f.name for f in fields(ExportOptions)} - {"text", "tables"}
+    options = {name: value(name) for name in named if name in values}
+    options.update({field: not values[flag] for flag, field in _NEGATED_FLAGS.items() if flag in values})
+    tables = TableOptions(**{field: value(flag) for flag, field in _TABLE_FLAGS.items()})
+    text = _text_inputs(values["text"], values["tokenizer"], values["mask_input"])
+    return ExportOptions(**options, text=text, tables=tables)
 
 
 def _gpu_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -45,7 +45,7 @@ class ExportOptions:
     keep_float: tuple[str, ...] = ()  # --keep-float NAME: dynamic-int8 weights left float, ONNX float16 nodes float32
     keep_int16: tuple[str, ...] = ()  # --keep-int16 NAME: TFLite full-integer activations kept int16
     outlier_channels: int | None = None  # ONNX dynamic-int8: channels per MatMul input in float beside int8
-    int8_kernel: str | None = None  # ONNX dynamic-int8: "blocks" or "matmulinteger" (constants.ONNX_INT8_KERNELS)
+    int8_kernel: str | None = None  # ONNX dynamic-int8's integer products: one of constants.ONNX_INT8_KERNELS
     force: bool = False  # export even where the memory estimate says the machine is too small (pe_export/memory.py)
     layer_map: bool = (
         True  # stamp which tensor carries each layer, proven on the float32 file (pe_export/parity/layers)

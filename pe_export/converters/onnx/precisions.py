@@ -15,7 +15,7 @@ from pe_export.converters.onnx.rewrites import float16_stored
 from pe_export.converters.onnx.static_int8 import static_int8_to_target
 from pe_export.converters.onnx.weight_int8 import weight_only_int8
 from pe_export.converters.options import ExportOptions
-from pe_export.converters.search.keep_float import ChoiceSamples
+from pe_export.converters.search.keep_float import ChoiceSamples, KeepFloatOutcome
 from pe_export.errors import BadInputError
 from pe_export.inspection.onnx_file import import_onnx
 
@@ -65,10 +65,8 @@ def dynamic_int8(
         outliers_per_input=options.outliers,
         kernel=options.kernel,
     )
-    if samples is not None and samples.feeds:
-        for step in [*outcome.before, outcome]:  # the weights kept float before the blocks were cut back
-            notes.extend(step.notes("quantizable nodes"))
-            searches.append(step.record("quantizable nodes"))
+    if samples is not None and samples.feeds:  # the weights kept float before the blocks were cut back, first
+        _said([(step, "quantizable nodes") for step in [*outcome.before, outcome]], notes, searches)
     return outcome.model
 
 
@@ -81,11 +79,8 @@ def static_int8(
             "or --inputs"
         )
     outcome = static_int8_to_target(model, samples, keep=options.keep_float, outliers_per_input=options.outliers)
-    for earlier in outcome.before:  # the weights kept float16 before the activations were chosen
-        notes.extend(earlier.notes("int8 weights"))
-        searches.append(earlier.record("int8 weights"))
-    notes.extend(outcome.notes("quantizable nodes"))
-    searches.append(outcome.record("quantizable nodes"))
+    # the weights kept float16 before the activations were chosen, first
+    _said([*((earlier, "int8 weights") for earlier in outcome.before), (outcome, "quantizable nodes")], notes, searches)
     return outcome.model
 
 
@@ -110,3 +105,10 @@ def weight_int8(
         "memory after loading stay float32's"
     )
     return model
+
+
+def _said(outcomes: list[tuple[KeepFloatOutcome, str]], notes: list[str], searches: Searches) -> None:
+    """Each search's notes and record, in the order they ran (``what`` names its candidates)."""
+    for outcome, what in outcomes:
+        notes.extend(outcome.notes(what))
+        searches.append(outcome.record(what))
