@@ -4,6 +4,7 @@ mean-pooled embeddings (the task-level line), in every precision and with --comp
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,19 +12,20 @@ import pytest
 
 from tests.helpers import chosen_cosine, run_cli
 
-pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+pytestmark = [
+    pytest.mark.slow,  # minutes: excluded from the quick run (-m "not slow")
+    pytest.mark.skipif(sys.version_info < (3, 11), reason="keras-hub 0.32 needs Python 3.11+"),
+]
 
-pytest.importorskip("keras_hub", reason="the pretrained encoder loads through keras-hub (pip install -e '.[dev]')")
-pytest.importorskip("tokenizers", reason="real sentences need tokenizers (pip install -e '.[dev]')")
 
 TASK = re.compile(r"task level: sequence_output mean-pooled rows, worst cosine ([\d.]+)")
 
 
 @pytest.fixture(scope="module")
 def minilm() -> tuple[Path, Path, Path]:
-    from tests.fixtures.pretrained import minilm_or_skip
+    from tests.fixtures.pretrained import minilm_for_tests
 
-    return minilm_or_skip()
+    return minilm_for_tests()
 
 
 def export(
@@ -211,7 +213,8 @@ def test_onnx_float16_computes_in_float16_and_holds_on_held_out_text(
 
 
 def test_onnx_int8_and_compression(minilm, fp32_onnx: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    # precision and compression under test, not the layer map (tests/parity/layers; the MiniLM TFLite fixture keeps its map)
+    # precision and compression under test, not the layer map (tests/parity/layers; the MiniLM TFLite fixture keeps
+    # its map)
     fp32 = fp32_onnx
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64", "--no-layer-map")
     int8, _, int8_note = int8_export(minilm, tmp_path / "int8.onnx")

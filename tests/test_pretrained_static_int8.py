@@ -5,16 +5,18 @@ the two run side by side (--dist loadfile)."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+pytestmark = [
+    pytest.mark.slow,  # minutes: excluded from the quick run (-m "not slow")
+    pytest.mark.skipif(sys.version_info < (3, 11), reason="keras-hub 0.32 needs Python 3.11+"),
+]
 
-pytest.importorskip("keras_hub", reason="the pretrained encoder loads through keras-hub (pip install -e '.[dev]')")
-pytest.importorskip("tokenizers", reason="real sentences need tokenizers (pip install -e '.[dev]')")
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 TASK = re.compile(r"task level: sequence_output mean-pooled rows, worst cosine ([\d.]+)")
@@ -23,9 +25,9 @@ KEPT = re.compile(r"(\d+) of (\d+) quantizable nodes kept in float")
 
 @pytest.fixture(scope="module")
 def minilm() -> tuple[Path, Path, Path]:
-    from tests.fixtures.pretrained import minilm_or_skip
+    from tests.fixtures.pretrained import minilm_for_tests
 
-    return minilm_or_skip()
+    return minilm_for_tests()
 
 
 def independent_held_out_cosine(

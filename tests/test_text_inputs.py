@@ -10,8 +10,6 @@ import pytest
 
 from tests.helpers import assert_one_line_error, run_cli
 
-tokenizers = pytest.importorskip("tokenizers", reason="--text needs tokenizers (pip install -e '.[dev]')")
-
 
 def write_tokenizer(path: Path, size: int) -> Path:
     """A word-level tokenizer.json: [PAD]=0, [UNK]=1, words w2 … w{size-1}."""

@@ -1,8 +1,7 @@
 """Exact rewrites of Flex ops into builtins (pe_export/converters/tflite/flex_rewrites.py): einsums that are one
-batched matrix
-product, rolls by constant shifts, int64 Abs and Sign. Each graph at a dynamic shape, its values checked against
-numpy's own einsum, roll, abs and sign, and a SavedModel holding all three exported with builtins only and run in
-LiteRT."""
+batched matrix product, rolls by constant shifts, int64 Abs and Sign. Each graph at a dynamic shape, its values
+checked against numpy's own einsum, roll, abs and sign, and a SavedModel holding all three exported with builtins
+only and run in LiteRT."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """GPTQ's rounding (pe_export/converters/onnx/gptq.py): the nearest rounding where activations are uncorrelated, a
-smaller product
-error than it where they are correlated (on activations it did not see too), and in a QDQ file only the int8 values
-change, with onnxruntime's product closer to the float one."""
+smaller product error than it where they are correlated (on activations it did not see too), and in a QDQ file only
+the int8 values change, with onnxruntime's product closer to the float one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Block Hadamard rotation (``pe_export/converters/search/hadamard.py``): an identity in float, a smaller int8 range
-for an outlier
-channel, chosen only where the simulation says it beats smoothing."""
+for an outlier channel, chosen only where the simulation says it beats smoothing."""
 
 from __future__ import annotations
 

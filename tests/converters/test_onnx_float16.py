@@ -1,6 +1,5 @@
 """ONNX float16 arithmetic (pe_export/converters/onnx/float16.py): which nodes compute in float16 is decided by the op
-and by the
-values measured on the inputs, the casts sit where the precision changes, and the file is valid, runs in
+and by the values measured on the inputs, the casts sit where the precision changes, and the file is valid, runs in
 onnxruntime, and computes what float16 arithmetic computes."""
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from pe_export.converters.onnx.float16 import (
@@ -23,9 +24,6 @@ from pe_export.converters.onnx.float16 import (
 )
 from pe_export.converters.search.keep_float import ChoiceSamples
 from tests.helpers import onnx_model
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
 
 
 def small_graph(big: float) -> Any:

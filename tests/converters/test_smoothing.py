@@ -1,6 +1,5 @@
 """SmoothQuant's scales (pe_export/converters/search/smoothing.py) on activations with a channel that calibration never
-saw
-active: the scale must leave that channel's weights as they are, or int8 loses them where it wakes."""
+saw active: the scale must leave that channel's weights as they are, or int8 loses them where it wakes."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The plain conversion in a child before the exporting process loads the model (pe_export/converters/tflite/child.py),
-for
-full integer: the child converts the float32 file only, and the export quantizes that file, converting nothing
-itself; the file still meets the int8 gate. Run on a tiny keras-hub BERT with the size threshold lowered, as a
-model of 32 MiB and more takes it."""
+for full integer: the child converts the float32 file only, and the export quantizes that file, converting nothing
+itself; the file still meets the int8 gate. Run on a tiny keras-hub BERT with the size threshold lowered, as a model
+of 32 MiB and more takes it."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,7 @@ from pe_export.api import export_tflite
 from pe_export.converters.options import ExportOptions
 from tests.helpers import token_feed
 
-pytest.importorskip("keras_hub", reason="the BERT is built by keras-hub (pip install -e '.[dev]')")
-pytest.importorskip("ai_edge_quantizer", reason="full integer needs ai-edge-quantizer (pip install -e '.[dev]')")
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="keras-hub 0.32 needs Python 3.11+")
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,26 @@
 """Full-integer activations by measured error (pe_export/converters/tflite/mixed.py) on a keras-hub BERT of random
-weights
-at a fixed shape, every file run in LiteRT: the file holds int8 and int16 activations as the search chose them, the
-int16 ones are there because int8 missed, it keeps the answers on inputs the choice never saw, and --keep-int16 /
---keep-float do what they say."""
+weights at a fixed shape, every file run in LiteRT: the file holds int8 and int16 activations as the search chose
+them, the int16 ones are there because int8 missed, it keeps the answers on inputs the choice never saw, and
+--keep-int16 / --keep-float do what they say."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
 
 from pe_export.converters.search.keep_float import ChoiceSamples, Judging
 from pe_export.parity.tolerances import INT8_TOLERANCE, INT16_MARGIN_KEPT, Tolerance
-from tests.converters.test_tflite_integer import feeds, run
-
-pytest.importorskip("keras_hub", reason="the BERT is built by keras-hub (pip install -e '.[dev]')")
-pytest.importorskip("ai_edge_quantizer", reason="full integer needs ai-edge-quantizer (pip install -e '.[dev]')")
 
 # the BERT of test_tflite_integer.py
-from tests.converters.test_tflite_integer import float_file  # noqa: F401
+from tests.converters.test_tflite_integer import (
+    feeds,
+    float_file,  # noqa: F401
+    run,
+)
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="keras-hub 0.32 needs Python 3.11+")
 
 CHOICE, HELD_OUT = feeds(0, 8), feeds(500, 8)
 SEQUENCE = {"sequence_output"}

@@ -23,7 +23,8 @@ def exported(exported_file) -> dict[str, Path]:
 
 
 def test_schema_table_matches_installed_schema() -> None:
-    schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+    from ai_edge_litert import schema_py_generated as schema
+
     installed = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
     assert {code: installed[code] for code in BUILTIN_OPERATORS} == BUILTIN_OPERATORS
     assert set(TENSOR_TYPES) <= {v for k, v in vars(schema.TensorType).items() if not k.startswith("_")}

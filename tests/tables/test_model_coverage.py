@@ -5,6 +5,7 @@ position tables it reads by position, and exports to TFLite (builtins only) and 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,11 @@ from pe_export.converters.options import ExportOptions
 from tests.fixtures.keras_hub_models import FAMILIES
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.slow  # minutes: excluded from the quick run (-m "not slow")
+pytestmark = [
+    pytest.mark.slow,  # minutes: excluded from the quick run (-m "not slow")
+    pytest.mark.skipif(sys.version_info < (3, 11), reason="keras-hub 0.32 needs Python 3.11+"),
+]
 
-pytest.importorskip("keras_hub", reason="the coverage models come from keras-hub (pip install -e '.[dev]')")
 
 MAX_ABS = re.compile(r"^\s+(?:random|padded)\s+\S+\s+([0-9.e+-]+)\s", re.M)
 FP32_ATOL = 1e-4
