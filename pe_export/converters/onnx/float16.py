@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_export.converters.search.keep_float import ChoiceSamples
+from pe_export.converters.search.keep_float import FLOAT16_SEARCH, ChoiceSamples
 
 # Ops whose float inputs and outputs may all be float16 (every float input of one node then takes the same type),
 # with onnxruntime kernels or its automatic casts on every provider.
@@ -264,7 +264,7 @@ def float16_to_target(
         tolerance,
         kinds,
         asked,
-        mode="float16",
+        kind=FLOAT16_SEARCH,
     )
     plan = plan_float16(prepared, peaks, outcome.kept_float, types)
     in_float16, matmuls = plan.matmuls(prepared)

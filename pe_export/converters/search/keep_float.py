@@ -43,6 +43,35 @@ Score = tuple[bool, float]  # (within the tolerance, worst cosine): sorted, fail
 PROBE_ROWS = 2  # single rows the places are measured on, at first
 
 
+@dataclass(frozen=True)
+class SearchKind:
+    """What a search keeps candidates out of, in the words of its notes and its refusal."""
+
+    name: str  # the notes' label: int8, float16, int8 activations
+    kept_as: str = "float"  # what a kept candidate computes in
+    value_bytes: int = 1  # bytes a value takes in it (a kept value's cost is counted over these)
+    done: str = "quantized"  # every candidate, when none is kept
+    files: str = "quantized"  # the candidate files the search ran
+    refused: str = "int8: no file with an int8 weight"  # the refusal's subject
+    everything: str = "every weight int8"  # the file with no candidate kept
+    instead: str = "export in float (no --quantize, or --quantize float16)"
+
+
+INT8_SEARCH = SearchKind("int8")
+INT8_ACTIVATIONS_SEARCH = SearchKind("int8 activations")
+FLOAT16_SEARCH = SearchKind(
+    "float16",
+    kept_as="float32",
+    value_bytes=2,
+    done="in float16",
+    files="float16",
+    refused="float16: no file with a float16 node",
+    everything="every node in float16",
+    instead="export in float32 (no --quantize, or --quantize weight-float16 for float16 storage with float32 "
+    "arithmetic)",
+)
+
+
 @dataclass
 class KeepFloatOutcome:
     model: Any  # the chosen quantized model, in the format's own form
@@ -57,7 +86,7 @@ class KeepFloatOutcome:
     verdicts: int = 0  # of which run on every judging input (the others on the probe's few rows)
     float_bytes: int = 0  # bytes the kept weights cost over the mode (int8: 1 B a value; kept: ``kept_bytes``)
     steps: list[str] = field(default_factory=list)  # what ran before the search (smoothing), for the note
-    mode: str = "int8"  # what the kept weights are kept out of, for the note: int8, or float16's arithmetic
+    kind: SearchKind = INT8_SEARCH  # what the kept weights are kept out of: int8, or float16's arithmetic
     kept_bytes: int = 4  # bytes a kept weight's value is stored in: 4 (float32), 2 (float16 storage, cast on load)
     weight_bytes: dict[str, int] = field(default_factory=dict)  # each candidate's weight, float32 bytes
     ranked: list[str] = field(default_factory=list)  # the search's order (most cost per byte first); [] unmeasured
@@ -77,11 +106,11 @@ class KeepFloatOutcome:
         the all-quantized file met the target: nothing was measured."""
         kept, ranked = set(self.kept_float), self.ranked
         return {
-            "mode": self.mode,
+            "mode": self.kind.name,
             "candidates": self.candidates,
             "what": what,
             "kept_float": list(self.kept_float),
-            "kept_as": self.escalated_to or self._kept_as,
+            "kept_as": self.escalated_to or self.kind.kept_as,
             "asked": list(self.asked),
             "worst_cosine_chosen_on": self.cosine,
             "passed_where_chosen": self.passed,
@@ -103,31 +132,25 @@ class KeepFloatOutcome:
             ),
         }
 
-    @property
-    def _kept_as(self) -> str:
-        """What a weight kept out of the mode is computed in: float32 out of float16, float out of int8."""
-        return "float32" if self.mode == "float16" else "float"
-
     def notes(self, what: str) -> list[str]:
-        float16 = self.mode == "float16"
-        done, files = ("in float16", "float16") if float16 else ("quantized", "quantized")
-        kept_as = self._kept_as
-        stored = " (float16 storage, float32 arithmetic)" if not float16 and self.kept_bytes == 2 else ""
+        kind = self.kind
+        done, files, kept_as = kind.done, kind.files, kind.kept_as
+        stored = " (float16 storage, float32 arithmetic)" if kind.value_bytes < self.kept_bytes == 2 else ""
         searched_as = self.escalated_to or kept_as
         before = "".join(f"{step}; " for step in self.steps)
         if self.asked:
             before += f"{len(self.asked)} kept in {kept_as} as --keep-float asked; "
         if not self.kept_float:
             return [
-                f"{self.mode}: {before}all {self.candidates} {what} {done}, worst cosine {self.cosine:.6f} against "
-                f"the float model {CHOSEN_ON}"
+                f"{self.kind.name}: {before}all {self.candidates} {what} {done}, worst cosine {self.cosine:.6f} "
+                f"against the float model {CHOSEN_ON}"
             ]
         names = ", ".join(short_name(n) for n in self.kept_float[:4]) + (", …" if len(self.kept_float) > 4 else "")
         verdict = "meets" if self.passed else "still misses"
         return [
-            f"{self.mode}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in "
+            f"{self.kind.name}: {before}{len(self.kept_float)} of {self.candidates} {what} kept in "
             f"{searched_as}{'' if self.escalated_to else stored}, "
-            f"the most sensitive per {self.ranked_per} first ({names}; +{self.float_bytes:,} B over {self.mode}; "
+            f"the most sensitive per {self.ranked_per} first ({names}; +{self.float_bytes:,} B over {self.kind.name}; "
             f"{self.runs} {files} files tried, {self.verdicts} on every input); worst cosine {self.cosine:.6f} "
             f"against the float model {CHOSEN_ON}, which {verdict} the target"
         ]
@@ -226,7 +249,7 @@ def keep_float_to_target(
     tolerance: Tolerance,
     kinds: Mapping[str, Hashable],
     asked: list[str] | None = None,
-    mode: str = "int8",
+    kind: SearchKind = INT8_SEARCH,
     kept_bytes: int = 4,
     escalated_to: str = "",
     costs_over_escalated: bool = False,
@@ -282,13 +305,13 @@ def keep_float_to_target(
         runs=runs,
         verdicts=verdicts,
         asked=asked,
-        mode=mode,
+        kind=kind,
         kept_bytes=kept_bytes,
         escalated_to=escalated_to,
         weight_bytes={name: sizes.get(name, 0) for name in [*asked, *candidates]},
     )
-    # sizes are float32 bytes: a kept value costs kept_bytes where the mode's costs 1 (int8) or 2 (float16)
-    over = kept_bytes - (2 if mode == "float16" else 1)
+    # sizes are float32 bytes: a kept value costs kept_bytes where the kind's costs 1 (int8) or 2 (float16)
+    over = kept_bytes - kind.value_bytes
     outcome.float_bytes = sum(sizes.get(n, 0) for n in asked) * over // 4
     if passed or not candidates:
         return outcome
@@ -306,10 +329,10 @@ def keep_float_to_target(
     while chosen is None:
         count = _fewest(low, len(ranked), lambda count: judge(ranked[:count], probe)[2])
         if count == len(ranked) and not escalated_to:  # nothing left int8: that is a float file, not an int8 one
-            raise ParityError(_nothing_meets(mode, tolerance, outcome.cosine, len(ranked)))
+            raise ParityError(_nothing_meets(kind, tolerance, outcome.cosine, len(ranked)))
         model, cosine, passed, scores = judge(ranked[:count])
         if count == len(ranked) and not passed:  # every weight escalated still misses: the format decides
-            raise ParityError(_nothing_meets(mode, tolerance, outcome.cosine, len(ranked)))
+            raise ParityError(_nothing_meets(kind, tolerance, outcome.cosine, len(ranked)))
         if passed:
             chosen = count
             continue
@@ -339,19 +362,12 @@ def _place_costs(
     return costs
 
 
-def _nothing_meets(mode: str, tolerance: Tolerance, cosine: float, count: int) -> str:
+def _nothing_meets(kind: SearchKind, tolerance: Tolerance, cosine: float, count: int) -> str:
     target = f"cosine >= {tolerance.min_cosine:g}, atol {tolerance.atol:g}, rtol {tolerance.rtol:g}"
-    if mode == "float16":
-        return (
-            f"float16: no file with a float16 node meets the target ({target}) on the inputs it chooses on: every "
-            f"node in float16 reached {cosine:.6f}, and no count short of all {count} kept in float32 passes; nothing "
-            "was written. Ask for less (--min-cosine), or export in float32 (no --quantize, or --quantize "
-            "weight-float16 for float16 storage with float32 arithmetic)"
-        )
     return (
-        f"int8: no file with an int8 weight meets the target ({target}) on the inputs it chooses on: every "
-        f"weight int8 reached {cosine:.6f}, and no count short of all {count} kept in float passes; nothing was "
-        "written. Ask for less (--min-cosine), or export in float (no --quantize, or --quantize float16)"
+        f"{kind.refused} meets the target ({target}) on the inputs it chooses on: {kind.everything} reached "
+        f"{cosine:.6f}, and no count short of all {count} kept in {kind.kept_as} passes; nothing was written. Ask "
+        f"for less (--min-cosine), or {kind.instead}"
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pe_export.converters.search.keep_float import (
+    INT8_ACTIVATIONS_SEARCH,
     ChoiceSamples,
     Judging,
     KeepFloatOutcome,
@@ -140,7 +141,7 @@ def mixed_integer(
             tolerance,  # its element checks; the cosine is each unit's floor
             {name: (by_name[name].code, by_name[name].shape) for name in candidates},
             asked,
-            mode="int8 activations",
+            kind=INT8_ACTIVATIONS_SEARCH,
             kept_bytes=2,
             escalated_to="int16",
             costs_over_escalated=True,
