@@ -22,8 +22,8 @@ from pe_export.runners import create_runner
 from pe_export.runners.savedmodel import SavedModelRunner
 from pe_export.savedmodel import FrozenSignature, input_bounds, load_savedmodel, signature_input_specs
 from pe_export.tables.pipeline import TableOptions
-from tests.fixtures.hf_models import ROWS, build_in_child
-from tests.helpers import assert_one_line_error, run_cli
+from tests.fixtures.hf_models import ROWS, build_cached
+from tests.helpers import VENV_CACHE, assert_one_line_error, cache_lock, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +60,9 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def hf_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
-    return build_in_child(list(MODELS), tmp_path_factory.mktemp("hf"))
+def hf_models() -> dict[tuple[str, str], Path]:
+    with cache_lock("hf-models"):
+        return build_cached(list(MODELS), VENV_CACHE)
 
 
 @functools.cache

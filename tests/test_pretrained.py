@@ -156,24 +156,6 @@ def test_the_minilm_int8_example_runs_as_written(minilm, fp32_tflite: tuple[int,
     assert token["max_abs"] <= 0.5001 * 1.0494 / 127, token["max_abs"]
 
 
-def test_tflite_int8_meets_the_accuracy_asked_for(
-    minilm, fp32_tflite: tuple[int, float], tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """Asked for 0.9998 (every weight int8 reads 0.9996 where it chose), the most sensitive weights go to groups of
-    input channels (or, where every FC in groups misses, back to float on top of those) until the sentences it chose
-    on meet it; the held-out sentences then say whether the file is written (every weight int8: the example's test
-    above)."""
-    fp32 = fp32_tflite[0]
-    strict, _, strict_note = int8_export(minilm, tmp_path / "strict.tflite", min_cosine=0.9998)
-    # of the 38 int8 weights; groups take the 37 FULLY_CONNECTEDs (the token table stays int8)
-    kept = re.search(r"(\d+) of (38|37) int8 weights kept in (float|int8 in groups of \d+ input channels)", strict_note)
-    assert kept and 1 <= int(kept[1]) < int(kept[2]) and chosen_cosine(strict.notes) >= 0.9998, strict_note
-    # kept float weights are stored in float16, grouped ones in int8: within issue 25's 0.45x (float32 kept weights
-    # took 0.50x on varied text)
-    assert kept[3] != "float" or "float16 storage" in strict_note
-    assert strict.summary.file_bytes <= 0.45 * fp32
-
-
 @pytest.fixture(scope="module")
 def fp32_onnx(minilm, tmp_path_factory: pytest.TempPathFactory) -> int:
     """Bytes of the float32 ONNX file (precision under test, not the layer map: tests/parity/layers)."""
@@ -217,8 +199,7 @@ def test_onnx_int8_and_compression(minilm, fp32_onnx: int, tmp_path: Path, capfd
     # its map)
     fp32 = fp32_onnx
     _, kept_cosine, out = export(capfd, minilm, "onnx", tmp_path / "c64.onnx", "--compress", "64", "--no-layer-map")
-    int8, _, int8_note = int8_export(minilm, tmp_path / "int8.onnx")
-    strict, _, strict_note = int8_export(minilm, tmp_path / "strict.onnx", min_cosine=0.999)
+    int8, held_out, int8_note = int8_export(minilm, tmp_path / "int8.onnx")
     stored, stored_cosine, _ = export(
         capfd, minilm, "onnx", tmp_path / "w8.onnx", "--quantize", "weight-int8", "--no-layer-map"
     )
@@ -229,14 +210,8 @@ def test_onnx_int8_and_compression(minilm, fp32_onnx: int, tmp_path: Path, capfd
     # Gemms, written as 3-D MatMuls by the export's fusions, included), the pooler's, and the two tables.
     layers = 6  # all-MiniLM-L6-v2
     assert f"all {6 * layers + 1 + 2} quantizable nodes quantized" in int8_note, int8_note
-    assert int8.summary.file_bytes <= 0.27 * fp32 and chosen_cosine(int8.notes) >= 0.99
-    # Asked for 0.999: the most sensitive weights stay float until the sentences it chose on meet it; with a range
-    # per row, rotated inputs and GPTQ's weights every weight int8 may already do.
-    kept = re.search(r"(\d+) of (\d+) quantizable nodes kept in float", strict_note)
-    assert kept is None or 1 <= int(kept[1]) < int(kept[2]), strict_note
-    assert chosen_cosine(strict.notes) >= 0.999 and "rotated by a block Hadamard" in strict_note, strict_note
-    assert "weights rounded by GPTQ" in strict_note, strict_note
-    assert strict.summary.file_bytes <= 0.45 * fp32
+    # the int8 tolerance on the held-out sentences (0.999 on sentences no export saw: test_pretrained_dynamic_int8.py)
+    assert int8.summary.file_bytes <= 0.27 * fp32 and held_out >= 0.99, held_out
     # Weight-only int8 (float arithmetic): a third of the bytes, sentences within 2e-4.
     assert stored <= 0.35 * fp32 and stored_cosine >= 0.9998
 

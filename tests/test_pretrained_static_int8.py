@@ -98,8 +98,10 @@ def test_static_int8_holds_the_int8_tolerance_on_sentences_it_never_saw(
     assert len(int8_input) >= 0.9 * len(products), (counts, out)
     zero_points = [i for i in written.graph.initializer if i.name.endswith("_zero_point")]
     assert zero_points and all(not onnx.numpy_helper.to_array(z).any() for z in zero_points)
-    # The same held-out figure measured apart from the gate (one sentence per call, unpadded).
-    assert independent_held_out_cosine(output, saved, tokenizer) >= 0.99
+    # The same held-out figure measured apart from the gate (one sentence per call, unpadded), and 48 sentences no
+    # export is given, not even to judge: the choice's margin is what holds them (0.967 on new text without it)
+    for sentences in ("varied_held_out.txt", "varied_fresh.txt", "varied_unseen.txt"):
+        assert independent_held_out_cosine(output, saved, tokenizer, sentences) >= 0.99, sentences
 
 
 def test_static_int8_at_0_999_holds_on_sentences_it_never_saw_within_a_third_of_the_bytes(
