@@ -31,9 +31,23 @@ class TargetProfile:
         return next((name for name in self.runtimes.get(kind, []) if name in installed), None)
 
 
+PROFILE_KEYS = ("description", "platform", "runtimes", "providers", "docker", "bench", "parity", "tolerances")
+
+
 @cache
 def _raw() -> dict[str, Any]:
-    return json.loads(PROFILES.read_text())
+    """The profiles file, each entry with every key a profile has; a damaged file is one line saying what is wrong."""
+    try:
+        profiles = json.loads(PROFILES.read_text())
+    except (OSError, ValueError) as err:
+        raise BadInputError(f"{PROFILES} is not a readable profiles file ({err}); reinstall pe-export") from err
+    if not isinstance(profiles, dict) or not all(isinstance(entry, dict) for entry in profiles.values()):
+        raise BadInputError(f"{PROFILES}: expected an object of profiles by name; reinstall pe-export")
+    for name, entry in profiles.items():
+        missing = [key for key in PROFILE_KEYS if key not in entry]
+        if missing:
+            raise BadInputError(f"{PROFILES}: target {name!r} lacks {', '.join(missing)}; reinstall pe-export")
+    return profiles
 
 
 def profile_names() -> list[str]:

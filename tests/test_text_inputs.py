@@ -3,6 +3,7 @@ task-level line (worst mean-pooled row cosine); bad tokenizers and files are one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -214,3 +215,23 @@ def test_a_fixed_shape_export_and_its_bundle_take_the_sentences_at_that_shape(
     assert "4 samples of 24 positions in 2 batches" in made.stdout, made.stdout
     checked = run_cli(capfd, "parity", tmp_path / "m.tflite", tmp_path / "golden")
     assert checked.exit_code == 0, (checked.stdout, checked.stderr)
+
+
+def test_one_sentence_is_chosen_and_judged_on_and_the_report_says_so(
+    saved_model, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A single sample cannot be split: int8 chooses on it and is judged on it, which the printed report says (and
+    how to give others), never silently."""
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", 64)
+    one = tmp_path / "one.txt"
+    one.write_text("w3 w17 w40 w9 w22\n", encoding="utf-8")
+    output, report = tmp_path / "one.tflite", tmp_path / "report.json"
+    result = run_cli(
+        capfd, "tflite", saved_model("encoder_multi_io"), "-o", output, "--quantize", "dynamic-int8",
+        "--text", one, "--tokenizer", tokenizer, "--json", report,
+    )  # fmt: skip
+    said = "int8 chose on the one sample given and is judged on it (--holdout FILE: others)"
+    assert said in result.stdout, result.stdout[-2000:]
+    written = json.loads(report.read_text())
+    assert said in written["notes"] and written["parity"]["samples"] == 1
+    assert (result.exit_code == 0) == output.exists()

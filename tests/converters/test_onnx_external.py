@@ -63,3 +63,42 @@ def test_external_data_follows_a_renamed_model(saved_model, tmp_path: Path, monk
     feed = {i.name: np.ones([1, 8], np.int32) for i in plain.get_inputs()}
     for got, want in zip(session.run(None, feed), plain.run(None, feed), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture
+def external_model(saved_model, tmp_path: Path) -> Path:
+    """The small encoder written as a model file and its external data beside it."""
+    import onnx
+
+    from pe_export.converters.onnx.convert import write_onnx
+
+    source = tmp_path / "plain.onnx"
+    export_onnx(saved_model("encoder_dynamic"), source, ExportOptions(verify=False))
+    path = tmp_path / "split" / "model.onnx"
+    path.parent.mkdir()
+    write_onnx(onnx.load(str(source)), path, "model.onnx.data")
+    return path
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_truncated_data_file_is_one_line(
+    capfd, saved_model, external_model: Path, tmp_path: Path, damage: str
+) -> None:
+    """parity and bench on a model whose external data is gone or cut short: exit 2, the data file named."""
+    from tests.helpers import assert_one_line_error, run_cli
+
+    bundle = tmp_path / "golden"
+    assert run_cli(capfd, "golden", saved_model("encoder_dynamic"), "-o", bundle, "--samples", "2").exit_code == 0
+    assert run_cli(capfd, "parity", external_model, bundle, "--runtime", "onnxruntime").exit_code == 0  # whole
+    data = external_model.with_name("model.onnx.data")
+    if damage == "missing":
+        data.unlink()
+    else:
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    said = "does not exist" if damage == "missing" else "can not be read in full"
+    parity = run_cli(capfd, "parity", external_model, bundle, "--runtime", "onnxruntime")
+    assert_one_line_error(parity, ExitCode.BAD_INPUT, "could not load model.onnx", said)
+    bench = run_cli(capfd, "bench", external_model, "--runs", "2")  # its progress line, then the one error line
+    assert bench.exit_code == ExitCode.BAD_INPUT and "Traceback" not in bench.stderr, bench.stderr
+    errors = [line for line in bench.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "could not load model.onnx" in errors[0] and said in errors[0], bench.stderr

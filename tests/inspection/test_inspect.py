@@ -172,3 +172,35 @@ def test_a_fixed_shape_export_has_neither(saved_model, tmp_path: Path) -> None:
     assert report.exit_code == ExitCode.OK
     gpu = next(v for v in inspect_path(path).runs_on if v.runtime == "litert-gpu")
     assert gpu.runs, gpu.why
+
+
+def test_cli_inspect_of_a_savedmodel_names_its_signature_inputs_and_tables(capfd, saved_model) -> None:
+    """`pe-export inspect SAVED_MODEL` prints what the library summary holds: the signature, its three inputs,
+    the embedding tables among the largest constants."""
+    model = saved_model("encoder_multi_io")
+    summary = inspect_path(model)
+    result = run_cli(capfd, "inspect", model)
+    assert result.exit_code == 0, result.stderr
+    assert "serving_default" in result.stdout
+    for name in ("attention_mask", "segment_ids", "token_ids"):
+        assert name in result.stdout
+    largest = max(summary.constants, key=lambda c: c.nbytes) if summary.constants else None
+    assert largest is not None and largest.name in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("kind", ["truncated", "flex"])
+def test_bench_refuses_a_file_it_cannot_run_in_one_line(
+    capfd, exported: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    """A damaged file is bad input (exit 2); a file with Flex ops no pip runtime runs says which ops (exit 3)."""
+    if kind == "truncated":
+        path = tmp_path / "cut.tflite"
+        path.write_bytes(exported["tflite"].read_bytes()[:4000])
+        code, fragments = ExitCode.BAD_INPUT, ("cut.tflite",)
+    else:
+        path, code, fragments = exported["flex"], ExitCode.RUNTIME_UNAVAILABLE, ("select TF (Flex) ops",)
+    result = run_cli(capfd, "bench", path, "--runs", "2", "--seq-len", "16")
+    assert result.exit_code == code and "Traceback" not in result.stderr, (result.exit_code, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and all(f in errors[0] for f in fragments), result.stderr
+    assert not result.stdout.strip()  # no figures for a file that did not run
