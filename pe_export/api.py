@@ -223,7 +223,7 @@ def _convert_before_loading(source: ModelSource, options: ExportOptions) -> Any:
     return convert_in_child(
         source.saved_model,
         options.signature,
-        options.precision_spec("tflite"),
+        options.quantize,
         allow_flex,
         lambda: source.digest,
         options.precision,

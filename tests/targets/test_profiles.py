@@ -1,4 +1,4 @@
-"""The target profiles file (pe_export/targets/__init__.py): every shipped profile reads whole, and a damaged
+"""The target profiles file (targets/__init__.py): every shipped profile reads whole, and a damaged
 file is one line naming what is wrong, never a traceback."""
 
 from __future__ import annotations

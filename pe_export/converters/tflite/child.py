@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pe_export.precisions import Precision, precision
+from pe_export.precisions import precision as precision_of
 
 # Every TFLite precision's file comes from the converter's SavedModel conversion: dynamic-int8's search edits the
 # converter's dynamic-range file with the float32 file of the same graph beside it, both converted here; a precision
@@ -42,7 +42,7 @@ class ChildConversion:
 def convert_in_child(
     saved_model: Path,
     signature: str | None,
-    quantize: Precision,
+    quantize: str,
     allow_flex: bool,
     digest: Callable[[], str],
     precision: str,
@@ -62,7 +62,7 @@ def convert_in_child(
                 {
                     "saved_model": str(saved_model),
                     "signature": signature,
-                    "quantize": quantize.name,
+                    "quantize": quantize,
                     "allow_flex": allow_flex,
                     "digest_file": str(digest_file),
                     "precision": precision,
@@ -89,7 +89,8 @@ def convert_in_child(
                 child.wait()
                 raise
         float_file = output.with_name("float.tflite")
-        if returncode != 0 or not (float_file if quantize.from_float_file else output).is_file():
+        made = float_file if precision_of("tflite", quantize).from_float_file else output
+        if returncode != 0 or not made.is_file():
             return None
         answer = json.loads((Path(scratch) / "answer.json").read_text())
         float_data = float_file.read_bytes() if float_file.is_file() else None
@@ -131,8 +132,8 @@ def _main(request_path: Path) -> None:
     key = _signature_key(saved_model, request["signature"])
     tf = import_tensorflow()
     output = Path(request["output"])
-    asked = precision("tflite", request["quantize"])
-    float32 = precision("tflite", "none")
+    asked = precision_of("tflite", request["quantize"])
+    float32 = precision_of("tflite", "none")
     if asked.from_float_file:
         modes = [float32]
     else:
