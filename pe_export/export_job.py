@@ -67,8 +67,8 @@ class ExportJob:
 
         Rows added by --max-len have no reference to meet; a fixed length keeps its own.
         """
+        from pe_export.lengths import checked_positions
         from pe_export.specs import any_dynamic_length
-        from pe_export.tables.pipeline import checked_positions
 
         if not any_dynamic_length(self.specs):
             return VERIFY_SEQ_LEN  # a fixed length keeps its own

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pe_export.constants import MAX_CHECKED_POSITIONS
 from pe_export.inputs import generate_inputs
 from pe_export.native import import_tensorflow
 from pe_export.specs import any_dynamic_length
@@ -100,8 +101,14 @@ def checked_length(loaded: Any, frozen: Any, prepared: PreparedGraph | None = No
     Export verification, int8 calibration and golden bundles use it: a table rebuild that went wrong
     at row 300, or int8 ranges calibrated on positions 0-15 only, must not pass on 16 positions.
     """
-    from pe_export.tables.pipeline import checked_positions
-
     if not any_dynamic_length(frozen.specs):
         return None
     return checked_positions(model_limit(loaded, frozen), prepared)
+
+
+def checked_positions(limit: SequenceLimit | None, prepared: PreparedGraph | None = None) -> int | None:
+    """checked_length for a model of this ``limit`` (a dynamic length), its tables as ``prepared`` rebuilt them."""
+    length = prepared.position_length() if prepared is not None else (limit.rows if limit else None)
+    if not length:
+        return None
+    return min(length - (limit.offset if limit else 0), MAX_CHECKED_POSITIONS)

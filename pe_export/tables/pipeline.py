@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from pe_export.constants import MAX_CHECKED_POSITIONS, MAX_COMPRESS, MAX_SEQ_LEN, TABLE_DTYPES
+from pe_export.constants import MAX_COMPRESS, MAX_SEQ_LEN, TABLE_DTYPES
 from pe_export.errors import BadInputError, check_range
 from pe_export.graphdef import const_value, node_name
 from pe_export.specs import any_fixed_length
 from pe_export.tables.detect import TableInfo, find_tables, position_axis
 from pe_export.tables.methods import METHODS, Compressed, get_method
 from pe_export.tables.sinusoid import fit_sinusoid, sinusoid_values
-
-if TYPE_CHECKING:
-    from pe_export.lengths import SequenceLimit
 
 POSITIONLESS_KINDS = ("relative", "relative-bucket")  # table kinds indexed by distance, not by absolute position
 COMPRESS_METHODS = tuple(METHODS.choices())  # the CLI choices come from the registry
@@ -225,14 +222,6 @@ class PreparedGraph:
             return self.folded
         prefix_only = self.prefix_only if file_format == "tflite" else set()
         return splice_rebuild(self.folded, self.replacements, self.anchor, file_format, prefix_only)
-
-
-def checked_positions(limit: SequenceLimit | None, prepared: PreparedGraph | None = None) -> int | None:
-    """checked_length for a model of this ``limit`` (a dynamic length), its tables as ``prepared`` rebuilt them."""
-    length = prepared.position_length() if prepared is not None else (limit.rows if limit else None)
-    if not length:
-        return None
-    return min(length - (limit.offset if limit else 0), MAX_CHECKED_POSITIONS)
 
 
 def position_rows(loaded: Any, frozen: Any) -> int | None:
