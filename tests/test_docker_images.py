@@ -53,8 +53,8 @@ def built(images: ImageBuilds, tag: str) -> str:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's trained encoder: tflite fp32 and dynamic-int8, onnx fp32, its golden bundle and another model's."""
-    from converters.options import ExportOptions
     from pe_export.api import export_onnx, export_tflite
+    from pe_export.converters.options import ExportOptions
     from pe_export.encoders import task
     from pe_export.golden import GoldenOptions, make_golden
 

@@ -54,8 +54,8 @@ def bare_converter_file(saved_model: Path, path: Path) -> None:
 def fixed_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo's trained encoder exported at batch 1 × 32 positions (fp32 and float16; and as the bare converter
     writes it) and its golden bundle."""
-    from converters.options import ExportOptions
     from pe_export.api import export_tflite
+    from pe_export.converters.options import ExportOptions
     from pe_export.encoders import task
     from pe_export.golden import GoldenOptions, make_golden
 

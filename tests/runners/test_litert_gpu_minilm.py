@@ -24,9 +24,8 @@ def vulkan_env() -> dict[str, str]:
 def fixed_minilm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """all-MiniLM-L6-v2 (real weights, 30,522-row token table) at batch 1 × 32, with a golden bundle of the
     suite's sentences at that shape."""
-    from converters.options import ExportOptions
-
     from pe_export.api import export_tflite
+    from pe_export.converters.options import ExportOptions
     from pe_export.golden import GoldenOptions, make_golden
     from pe_export.text_inputs import TextInputs
     from tests.fixtures.pretrained import minilm_for_tests
