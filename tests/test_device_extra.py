@@ -175,7 +175,7 @@ def altered_bert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from pe_export.api import export_onnx, export_tflite
     from pe_export.converters.options import ExportOptions
     from tests.fixtures.keras_hub_models import export_random_bert
-    from tests.layers.test_layers import SEQ_LEN, altered_copy
+    from tests.parity.layers.test_layers import SEQ_LEN, altered_copy
 
     root = tmp_path_factory.mktemp("altered")
     saved = export_random_bert(root / "bert")
@@ -193,7 +193,7 @@ def test_layer_parity_runs_without_tensorflow(altered_bert, tmp_path: Path) -> N
     interpreter's: the layer code is the same numpy-only device code the 3.10 venv runs above)."""
     import json
 
-    from tests.layers.test_layers import ALTERED
+    from tests.parity.layers.test_layers import ALTERED
 
     venv = cached_venv("device-venv", [f"{REPO}[device]"])
     for file_format in ("tflite", "onnx"):
