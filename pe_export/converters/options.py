@@ -79,9 +79,8 @@ class ExportOptions:
         tolerance = tolerance_for(self.precision)
         return tolerance if self.min_cosine is None else replace(tolerance, min_cosine=self.min_cosine)
 
-    def _validate_keeps(self, file_format: str) -> None:
-        """--keep-float and --keep-int16 apply where a search chooses what they steer."""
-        asked = self.precision_spec(file_format)
+    def _validate_keeps(self, file_format: str, asked: Precision) -> None:
+        """--keep-float and --keep-int16 apply where ``asked``'s search chooses what they steer."""
         searching = asked.searches
         if self.keep_float and not searching:
             raise BadInputError(
@@ -115,7 +114,7 @@ class ExportOptions:
                 "(sentences, or arrays by input name) from the choices they judge"
             )
         asked = self.precision_spec(file_format)  # an unknown --quantize is refused here, listing the known ones
-        self._validate_keeps(file_format)
+        self._validate_keeps(file_format, asked)
         if self.outlier_channels is not None and not asked.outliers:
             raise BadInputError(
                 f"--outlier-channels applies to ONNX --quantize dynamic-int8 and int8 (the channels split off the int8 "

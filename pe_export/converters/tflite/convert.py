@@ -71,11 +71,11 @@ def convert_tflite(
     map is proven on it (pe_export/parity/layers). ``searches`` receives the record of dynamic-int8's search
     (``KeepFloatOutcome.record``).
     """
-    source = _GraphSource(loaded, frozen, prepared)
-    if options.precision_spec("tflite").from_float_file:
+    source, precision = _GraphSource(loaded, frozen, prepared), options.precision_spec("tflite")
+    if precision.from_float_file:
         return _full_integer(source, options, calibration, quiet, float_out, samples, searches, preconverted)
     data, log, notes, graph = _convert_with_rewrites(source, options, calibration, quiet, preconverted)
-    if options.precision_spec("tflite").edits_converter_file and samples is not None:
+    if precision.edits_converter_file and samples is not None:
         if samples.feeds:
             from pe_export.converters.tflite.dynamic_int8 import int8_to_target
 
